@@ -1,0 +1,66 @@
+"""Running observation normalizer. Its statistics are buffers, so they live in the
+actor's ``state_dict`` and travel with every checkpoint and parameter broadcast."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RunningNormalizer(nn.Module):
+    """(x - mean) / sqrt(var + eps), clipped; statistics updated only in train mode.
+
+    Uses the parallel mean/variance merge (Chan et al.), so statistics from
+    several envs or workers combine exactly: ``merge(count, mean, var)``.
+    """
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8, enabled: bool = True):
+        super().__init__()
+        self.enabled = enabled
+        self.clip = clip
+        self.eps = eps
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(0.0, dtype=torch.float64))
+        # float32 copies for the hot path, refreshed whenever the statistics change
+        self.register_buffer("_mean32", torch.zeros(shape), persistent=False)
+        self.register_buffer("_std32", torch.ones(shape), persistent=False)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self._mean32.copy_(self.mean)
+        self._std32.copy_((self.var + self.eps).sqrt())
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._refresh()
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Fold a batch ``[B, *shape]`` into the statistics (no-op in eval mode)."""
+        if not (self.enabled and self.training):
+            return
+        x = x.reshape(-1, *self.mean.shape).to(torch.float64)
+        if not torch.isfinite(x).all():
+            raise ValueError(
+                "observation normalizer got a non-finite value; check the env's observations "
+                "(corral refuses to fold NaN/inf into the running statistics)"
+            )
+        self.merge(torch.tensor(float(x.shape[0]), dtype=torch.float64), x.mean(0), x.var(0, unbiased=False))
+
+    @torch.no_grad()
+    def merge(self, count: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> None:
+        count = torch.as_tensor(count, dtype=torch.float64, device=self.count.device)
+        total = self.count + count
+        delta = mean.to(self.mean) - self.mean
+        new_mean = self.mean + delta * (count / total)
+        m2 = self.var * self.count + var.to(self.var) * count + delta.square() * self.count * count / total
+        self.mean.copy_(new_mean)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+        self._refresh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return x.float() if not x.is_floating_point() else x
+        return ((x.float() - self._mean32) / self._std32).clamp(-self.clip, self.clip)

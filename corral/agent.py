@@ -1,0 +1,112 @@
+"""The user surface: ``train``, ``load``, ``evaluate`` and ``Agent.act`` / ``save``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from corral import config as C
+from corral.algos import get_algo
+from corral.envs import make_vec_env
+from corral.envs.make import env_name
+from corral.rng import RNGStreams
+from corral.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from corral.train.evaluate import run_episodes, summarize
+from corral.train.learner import Learner, build_config, new_run_dir, resolve_device
+
+
+def config_from_dict(data: dict) -> C.TrainConfig:
+    spec = get_algo(data["algo"])
+    cfg = C.TrainConfig(algo=data["algo"], algo_cfg=spec.cls.Config())
+    C.apply_dict(cfg, data)
+    return cfg
+
+
+class Agent:
+    """A trained policy with its config; ``act`` takes numpy and returns numpy."""
+
+    def __init__(self, algo, cfg: C.TrainConfig, run_dir: Path | None = None, state: dict | None = None,
+                 summary: dict | None = None):
+        self.algo = algo
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.summary = summary or {}
+        self._state = state  # the full training state when loaded from / produced by a run
+        self.algo.actor.eval()
+        self.obs_shape = tuple(algo.obs_space.shape)
+
+    @property
+    def actor(self) -> torch.nn.Module:
+        return self.algo.actor
+
+    def act(self, obs: Any, deterministic: bool = True) -> np.ndarray:
+        """One observation ``obs_shape`` or a batch ``[B, *obs_shape]``."""
+        arr = np.asarray(obs)
+        single = arr.shape == self.obs_shape
+        if not single and arr.shape[1:] != self.obs_shape:
+            raise ValueError(f"act(): observation shape {arr.shape} matches neither {self.obs_shape} nor [B, *{self.obs_shape}]")
+        x = torch.as_tensor(arr[None] if single else arr, device=self.algo.device)
+        if x.is_floating_point():
+            x = x.float()
+        action = self.algo.act(x, deterministic=deterministic).cpu().numpy()
+        return action[0] if single else action
+
+    def save(self, path: str | Path) -> Path:
+        state = dict(self._state) if self._state else {"config": C.to_dict(self.cfg), "counters": {}}
+        state["algo"] = self.algo.state_dict()
+        state["config"] = C.to_dict(self.cfg)
+        return save_checkpoint(state, path)
+
+
+def train(algo: str, env: Any = "CartPole-v1", steps: int | None = None, seed: int = 0,
+          run_dir: str | None = None, save_run: bool = True, quiet: bool = True, **overrides) -> Agent:
+    """Train ``algo`` on ``env`` (an id, ``module:callable``, a class or an instance).
+
+    ``overrides`` are config keys, e.g. ``lr=1e-3`` or ``**{"env.num_envs": 4}``.
+    """
+    cfg = build_config(algo, env, steps=steps, seed=seed, overrides=overrides)
+    path = new_run_dir(cfg, run_dir) if save_run else None
+    if path:
+        (path / "config.yaml").write_text(C.dump_yaml(cfg))
+    learner = Learner(cfg, path, env_spec=env, quiet=quiet)
+    summary = learner.train()
+    return Agent(learner.algo, cfg, path, state=learner.state_dict(), summary=summary)
+
+
+def load(path: str | Path, device: str = "auto") -> Agent:
+    """Load an agent from a checkpoint file or a run directory (best, else latest)."""
+    ckpt = resolve_checkpoint(path)
+    dev = resolve_device(device)
+    state = load_checkpoint(ckpt, map_location=dev)
+    cfg = config_from_dict(state["config"])
+    env = make_vec_env(cfg.env.id, 1, cfg.env.kwargs, "cpu", cfg.env.backend)
+    spec = get_algo(cfg.algo)
+    algo = spec.cls(cfg.algo_cfg, env.single_observation_space, env.single_action_space, cfg.env.num_envs,
+                    dev, RNGStreams(cfg.seed, dev))
+    env.close()
+    from corral.errors import UserError
+
+    try:
+        algo.load_state_dict(state["algo"])
+    except (KeyError, RuntimeError, ValueError) as e:
+        raise UserError(f"checkpoint {str(ckpt)!r} does not match its config ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
+    return Agent(algo, cfg, run_dir, state=state)
+
+
+def evaluate(agent: Agent, env: Any = None, episodes: int = 10, seed: int = 0, deterministic: bool = True,
+             num_envs: int = 1) -> dict:
+    """Mean and std of the raw env return over ``episodes`` episodes."""
+    spec = env if env is not None else agent.cfg.env.id
+    kwargs = agent.cfg.env.kwargs if env is None else {}
+    venv = make_vec_env(spec, num_envs, kwargs, agent.algo.device, agent.cfg.env.backend if env is None else "sync")
+    try:
+        returns = run_episodes(lambda o: agent.algo.act(o, deterministic=deterministic), venv, episodes, seed=seed)
+    finally:
+        venv.close()
+    out = summarize(returns)
+    out["env"] = env_name(spec)
+    return out

@@ -1,0 +1,204 @@
+"""Proximal Policy Optimization (Schulman et al. 2017), discrete and continuous.
+
+Clipped surrogate, optional value clipping, GAE (``corral.returns.gae``),
+per-minibatch advantage normalization, entropy bonus, gradient clipping,
+epochs x minibatches, linear schedules for learning rate and clip range, and an
+optional target-KL early stop. Loss names follow the paper and CleanRL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from corral.actors.actor_critic import ActorCritic
+from corral.actors.normalizer import RunningNormalizer
+from corral.algos.base import Algorithm, adam
+from corral.config import option
+from corral.errors import TrainingError, UserError
+from corral.returns import gae, rollout_next_values
+from corral.storage.rollout import RolloutStorage
+
+
+@dataclass
+class PPOConfig:
+    n_steps: int = option(128, "env steps per env per rollout")
+    batch_size: int = option(64, "minibatch size (rollout size n_steps*num_envs is split into these)")
+    n_epochs: int = option(10, "passes over each rollout")
+    lr: float = option(3e-4, "Adam learning rate")
+    lr_schedule: str = option("constant", "constant, or linear (anneal to 0 over the run)")
+    gamma: float = option(0.99, "discount factor")
+    gae_lambda: float = option(0.95, "GAE lambda")
+    clip_range: float = option(0.2, "surrogate clip range epsilon")
+    clip_schedule: str = option("constant", "constant, or linear (anneal to 0 over the run)")
+    clip_range_vf: float | None = option(None, "value clipping range (None: no value clipping)")
+    normalize_advantage: bool = option(True, "normalize advantages per minibatch")
+    ent_coef: float = option(0.0, "entropy bonus coefficient")
+    vf_coef: float = option(0.5, "value loss coefficient")
+    max_grad_norm: float = option(0.5, "global gradient norm clip")
+    target_kl: float | None = option(None, "stop the epochs early when approx KL exceeds 1.5x this")
+    adam_eps: float = option(1e-5, "Adam epsilon")
+    hidden: tuple[int, ...] = option((64, 64), "hidden layer sizes of the policy and value MLPs")
+    activation: str = option("tanh", "hidden activation: tanh, relu, elu, silu")
+    log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions)")
+    normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
+    normalize_reward: bool = option(False, "scale rewards by the running std of the discounted return")
+    reward_clip: float = option(10.0, "clip scaled rewards to +-this (with normalize_reward)")
+
+
+class PPO(Algorithm):
+    name = "ppo"
+    Config = PPOConfig
+
+    def __init__(self, cfg: PPOConfig, obs_space, act_space, num_envs, device, rng):
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng)
+        if cfg.lr_schedule not in ("constant", "linear") or cfg.clip_schedule not in ("constant", "linear"):
+            raise UserError("ppo.lr_schedule and ppo.clip_schedule must be 'constant' or 'linear'")
+        rollout = cfg.n_steps * num_envs
+        if cfg.batch_size > rollout:
+            raise UserError(
+                f"ppo.batch_size={cfg.batch_size} is larger than the rollout n_steps*num_envs={rollout}; "
+                "lower batch_size or raise n_steps"
+            )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(rng.seeds["init"])
+            self.actor = ActorCritic(obs_space, act_space, tuple(cfg.hidden), cfg.activation,
+                                     cfg.normalize_obs, cfg.log_std_init).to(device)
+        self.ret_norm = RunningNormalizer((), enabled=cfg.normalize_reward).to(device)
+        self._disc_return = torch.zeros(num_envs, device=device)
+        self.optimizer = adam(self.actor.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self._params = [p for p in self.actor.parameters()]
+        flat_obs = (int(torch.Size(obs_space.shape).numel()),)
+        self.storage = RolloutStorage(cfg.n_steps, num_envs, flat_obs, self.actor.act_shape,
+                                      self.actor.discrete, device)
+        self._last_obs: torch.Tensor | None = None
+        self.updates = 0
+
+    # --- acting and storing
+    def explore(self, obs):
+        env_action, action, log_prob, value, x = self.actor.explore(obs, self.rng["action"])
+        return env_action, {"action": action, "log_prob": log_prob, "value": value, "x": x}
+
+    @torch.no_grad()
+    def observe(self, obs, extras, reward, terminated, truncated, final_obs, next_obs):
+        final_values = torch.zeros_like(reward)
+        if truncated.any():
+            final_values = torch.where(truncated, self.actor.value(self.actor.normalize(final_obs)), final_values)
+        if self.cfg.normalize_reward:
+            reward = self._scale_reward(reward, terminated | truncated)
+        self.storage.add(obs=extras["x"], actions=extras["action"], log_probs=extras["log_prob"],
+                         values=extras["value"], rewards=reward, terminated=terminated,
+                         truncated=truncated, final_values=final_values)
+        self._last_obs = next_obs
+
+    def _scale_reward(self, reward, done):
+        self._disc_return.mul_(self.cfg.gamma).add_(reward)
+        if self.actor.training:
+            self.ret_norm.update(self._disc_return)
+        self._disc_return.masked_fill_(done, 0.0)
+        std = (self.ret_norm.var + self.ret_norm.eps).sqrt().float()
+        return (reward / std).clamp(-self.cfg.reward_clip, self.cfg.reward_clip)
+
+    def ready(self) -> bool:
+        return self.storage.full
+
+    @property
+    def at_boundary(self) -> bool:
+        return self.storage.step == 0
+
+    # --- learning
+    def update(self, progress: float) -> dict[str, float]:
+        cfg = self.cfg
+        frac = 1.0 - progress
+        lr = cfg.lr * (frac if cfg.lr_schedule == "linear" else 1.0)
+        clip = cfg.clip_range * (frac if cfg.clip_schedule == "linear" else 1.0)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+        data = self.storage.data
+        with torch.no_grad():
+            last_value = self.actor.value(self.actor.normalize(self._last_obs))
+            next_values = rollout_next_values(data.values, last_value, data.truncated, data.final_values)
+            advantages, returns = gae(data.rewards, data.values, next_values, data.terminated,
+                                      data.truncated, cfg.gamma, cfg.gae_lambda)
+        b = data.flatten()
+        adv_all, ret_all = advantages.flatten(), returns.flatten()
+        n = adv_all.shape[0]
+
+        sums = torch.zeros(5, device=self.device)  # pg, v, entropy, approx_kl, clipfrac
+        count = 0
+        stop = False
+        for _ in range(cfg.n_epochs):
+            perm = torch.randperm(n, generator=self.rng["minibatch"], device=self.device)
+            for start in range(0, n - cfg.batch_size + 1, cfg.batch_size):
+                idx = perm[start:start + cfg.batch_size]
+                log_prob, entropy, value = self.actor.evaluate_actions(b.obs[idx], b.actions[idx])
+                logratio = log_prob - b.log_probs[idx]
+                ratio = logratio.exp()
+                adv = adv_all[idx]
+                if cfg.normalize_advantage:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
+                ret = ret_all[idx]
+                if cfg.clip_range_vf is None:
+                    v_loss = F.mse_loss(value, ret)
+                else:
+                    old_v = b.values[idx]
+                    v_clipped = old_v + (value - old_v).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
+                    v_loss = torch.max((value - ret).square(), (v_clipped - ret).square()).mean()
+                entropy_loss = entropy.mean()
+                loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
+                self.optimizer.step()
+
+                with torch.no_grad():
+                    approx_kl = ((ratio - 1.0) - logratio).mean()
+                    clipfrac = ((ratio - 1.0).abs() > clip).float().mean()
+                    sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), approx_kl, clipfrac])
+                count += 1
+                if cfg.target_kl is not None and approx_kl.item() > 1.5 * cfg.target_kl:
+                    stop = True
+                    break
+            if stop:
+                break
+
+        self.storage.clear()
+        self.updates += 1
+        pg, v, ent, kl, cf = (sums / max(count, 1)).tolist()
+        if not all(map(torch.isfinite, torch.tensor([pg, v, ent]))):
+            raise TrainingError(
+                f"PPO loss became non-finite at update {self.updates} (pg_loss={pg}, v_loss={v}); "
+                "lower ppo.lr, enable ppo.normalize_obs / normalize_reward, or check the env's rewards"
+            )
+        with torch.no_grad():
+            var_ret = ret_all.var()
+            explained_var = (1.0 - (ret_all - b.values).var() / var_ret).item() if var_ret > 0 else float("nan")
+        return {
+            "pg_loss": pg, "v_loss": v, "entropy": ent, "approx_kl": kl, "clipfrac": cf,
+            "explained_variance": explained_var, "lr": lr, "clip_range": clip,
+            "minibatches": float(count),
+        }
+
+    # --- state
+    def state_dict(self):
+        return {
+            "actor": self.actor.state_dict(),
+            "ret_norm": self.ret_norm.state_dict(),
+            "disc_return": self._disc_return.clone(),
+            "optimizer": self.optimizer.state_dict(),
+            "storage": self.storage.state_dict(),
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state):
+        self.actor.load_state_dict(state["actor"])
+        self.ret_norm.load_state_dict(state["ret_norm"])
+        self._disc_return.copy_(state["disc_return"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.storage.load_state_dict(state["storage"])
+        self.updates = int(state["updates"])

@@ -1,0 +1,212 @@
+"""``corral train / eval / resume / list / plot``. Everything here is reachable from the API."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from corral.errors import TrainingError, UserError
+
+
+def _cmd_train(args) -> int:
+    from corral import config as C
+    from corral.train.learner import Learner, build_config, new_run_dir
+
+    cfg = build_config(
+        args.algo, args.env, steps=args.steps, seed=args.seed, num_envs=args.num_envs, device=args.device,
+        config_file=args.config, sets=args.set or [], stop_at_return=args.stop_at_return,
+        use_preset=not args.no_preset,
+    )
+    if args.json:
+        cfg.progress = False
+    learner = Learner(cfg, None)  # build everything before touching the disk: bad input leaves no run dir
+    learner.run_dir = new_run_dir(cfg, args.run_dir)
+    (learner.run_dir / "config.yaml").write_text(C.dump_yaml(cfg))
+    return _finish(learner.train(), args.json)
+
+
+def _finish(summary: dict, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        ev = f", eval {summary['eval_return']:.1f} ± {summary['eval_return_std']:.1f}" if "eval_return" in summary else ""
+        last = summary["last20_return"]
+        print(f"done: {summary['env_steps']:,} steps in {summary['train_seconds']:.1f}s, {summary['episodes']} episodes, "
+              f"last-20 return {last if last is None else round(last, 1)}{ev}; run: {summary['run_dir']}")
+    return 0
+
+
+def _cmd_resume(args) -> int:
+    from corral.agent import config_from_dict
+    from corral.train.checkpoint import load_checkpoint
+    from corral.train.learner import Learner
+
+    run_dir = Path(args.run_dir)
+    ckpt = run_dir / "checkpoints" / "latest.pt"
+    if not ckpt.is_file():
+        raise UserError(f"{str(run_dir)!r} has no checkpoints/latest.pt to resume from")
+    state = load_checkpoint(ckpt)
+    cfg = config_from_dict(state["config"])
+    if args.steps is not None:
+        cfg.steps = args.steps
+    if args.device is not None:
+        cfg.device = args.device
+    if args.json:
+        cfg.progress = False
+    if state["counters"]["env_steps"] >= cfg.steps:
+        raise UserError(f"the run already has {state['counters']['env_steps']:,} steps; pass --steps with a larger total")
+    learner = Learner(cfg, run_dir)
+    learner.load_state_dict(state)
+    from corral import config as C
+
+    (run_dir / "config.yaml").write_text(C.dump_yaml(cfg))
+    return _finish(learner.train(), args.json)
+
+
+def _cmd_eval(args) -> int:
+    import corral
+
+    agent = corral.load(args.path, device=args.device)
+    result = corral.evaluate(agent, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic)
+    if args.json:
+        print(json.dumps({k: result[k] for k in ("mean_return", "std_return", "episodes")}))
+    else:
+        print(f"{result['env']}: mean return {result['mean_return']:.2f} ± {result['std_return']:.2f} "
+              f"over {result['episodes']} episodes")
+    return 0
+
+
+def _cmd_list(args) -> int:
+    from corral.algos import ALGOS, get_algo
+    from corral.train.learner import list_presets
+
+    if args.options:
+        spec = get_algo(args.options)
+        from corral.config import EnvConfig, EvalConfig, CheckpointConfig, TrainConfig
+
+        for prefix, cls in (("", TrainConfig), ("env.", EnvConfig), ("eval.", EvalConfig),
+                            ("checkpoint.", CheckpointConfig), (args.options + ".", spec.cls.Config)):
+            for f in dataclasses.fields(cls):
+                if f.name in ("env", "eval", "checkpoint", "algo_cfg"):
+                    continue
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                print(f"  {prefix + f.name:28s} {str(default):14s} {f.metadata.get('help', '')}")
+        return 0
+    print("algorithms:")
+    for name, spec in ALGOS.items():
+        print(f"  {name:14s} {spec.help}")
+    print("presets (algorithm: envs):")
+    for algo, envs in list_presets().items():
+        print(f"  {algo}: {', '.join(envs)}")
+    print("env families:")
+    print("  classic control  CartPole-v1, Acrobot-v1, MountainCar-v0, MountainCarContinuous-v0, Pendulum-v1")
+    print("  box2d            LunarLander-v3, BipedalWalker-v3, CarRacing-v3   (pip install 'corral[box2d]')")
+    print("  mujoco           HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5    (pip install 'corral[mujoco]')")
+    print("  atari            ALE/Pong-v5, ALE/Breakout-v5, ...                  (pip install 'corral[atari]')")
+    print("  native           native:CartPole-v1, native:Pendulum-v1, ...        (torch-batched, CPU or GPU)")
+    print("  your own         package.module:callable, path/to/file.py:Class, corral.register(name, factory)")
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for rd in args.run_dirs:
+        path = Path(rd) / "metrics.jsonl"
+        if not path.is_file():
+            raise UserError(f"{rd!r} has no metrics.jsonl; give run directories made by `corral train`")
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for ax, key in zip(axes, ("episode_return", "eval_return")):
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            if pts:
+                ax.plot(*zip(*pts), label=Path(rd).name, marker="o" if key == "eval_return" else None)
+    for ax, title in zip(axes, ("training return", "evaluation return")):
+        ax.set_title(title)
+        ax.set_xlabel("env steps")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    out = args.out or str(Path(args.run_dirs[0]) / "curves.png")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="corral", description="corral: deep reinforcement learning on PyTorch")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="train an algorithm on an env")
+    t.add_argument("algo", help="algorithm, e.g. ppo (see `corral list`)")
+    t.add_argument("env", nargs="?", default="CartPole-v1", help="Gymnasium id, module:callable or file.py:Class")
+    t.add_argument("--steps", type=int, help="env steps to train for")
+    t.add_argument("--seed", type=int)
+    t.add_argument("--num-envs", type=int)
+    t.add_argument("--device", help="auto, cpu, cuda")
+    t.add_argument("--run-dir", help="run directory (default runs/<algo>-<env>-s<seed>-<time>)")
+    t.add_argument("--config", help="YAML config file")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    t.add_argument("--stop-at-return", type=float, help="stop when the last-20 training return reaches this")
+    t.add_argument("--no-preset", action="store_true", help="ignore the (algo, env) preset")
+    t.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    t.set_defaults(fn=_cmd_train)
+
+    e = sub.add_parser("eval", help="evaluate a run directory or checkpoint")
+    e.add_argument("path")
+    e.add_argument("--episodes", type=int, default=10)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--stochastic", action="store_true", help="sample actions instead of the mode")
+    e.add_argument("--device", default="auto")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=_cmd_eval)
+
+    r = sub.add_parser("resume", help="continue a run from its latest checkpoint")
+    r.add_argument("run_dir")
+    r.add_argument("--steps", type=int, help="new total step budget")
+    r.add_argument("--device")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=_cmd_resume)
+
+    li = sub.add_parser("list", help="algorithms, presets, env families")
+    li.add_argument("--options", metavar="ALGO", help="every config key of ALGO with default and help")
+    li.set_defaults(fn=_cmd_list)
+
+    pl = sub.add_parser("plot", help="learning curves of one or more runs")
+    pl.add_argument("run_dirs", nargs="+")
+    pl.add_argument("--out")
+    pl.set_defaults(fn=_cmd_plot)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except UserError as e:
+        print(f"corral: error: {e}", file=sys.stderr)
+        return 2
+    except TrainingError as e:
+        print(f"corral: training stopped: {e} (the last good checkpoint is kept)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("corral: interrupted (the last checkpoint written is intact)", file=sys.stderr)
+        return 130
+    except Exception as e:
+        from corral.envs.base import EnvError
+
+        if isinstance(e, EnvError):
+            print(f"corral: env error: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

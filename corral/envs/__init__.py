@@ -1,0 +1,7 @@
+"""Env layer: making envs from what a user names, and vector backends with one contract."""
+
+from corral.envs.base import EnvError, VecEnv
+from corral.envs.make import env_name, make_factory, register
+from corral.envs.vector import SyncVecEnv, make_vec_env
+
+__all__ = ["EnvError", "VecEnv", "SyncVecEnv", "env_name", "make_factory", "make_vec_env", "register"]

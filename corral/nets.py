@@ -1,0 +1,148 @@
+"""Encoders and heads. Networks only: no losses, no optimizers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+
+
+def activation(name: str) -> type[nn.Module]:
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}") from None
+
+
+def layer_init(layer: nn.Linear, gain: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
+    """Orthogonal init (as in the PPO implementation details): keeps early updates well scaled."""
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+class MLP(nn.Sequential):
+    """Fully connected encoder: in_dim -> hidden... ; `out_dim` adds a final linear layer."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: tuple[int, ...] | list[int],
+        act: str = "tanh",
+        out_dim: int | None = None,
+        out_gain: float = 1.0,
+    ):
+        layers: list[nn.Module] = []
+        last = in_dim
+        for h in hidden:
+            layers += [layer_init(nn.Linear(last, h)), activation(act)()]
+            last = h
+        if out_dim is not None:
+            layers.append(layer_init(nn.Linear(last, out_dim), gain=out_gain))
+            last = out_dim
+        super().__init__(*layers)
+        self.out_dim = last
+
+
+class ParallelMLP(nn.Module):
+    """``n`` independent MLPs of one shape evaluated as one batched module.
+
+    Used for actor + critic (n=2) and twin / ensemble critics: one ``baddbmm`` per
+    layer instead of n small matmuls, so small nets cost about half the kernel
+    launches. Input ``[B, in]`` (shared by all members) or ``[n, B, in]``;
+    output ``[n, B, out]``.
+    """
+
+    def __init__(self, n: int, in_dim: int, hidden: tuple[int, ...] | list[int], act: str = "tanh",
+                 out_dim: int | None = None, out_gains: tuple[float, ...] | None = None):
+        super().__init__()
+        self.n = n
+        dims = [in_dim, *hidden] + ([out_dim] if out_dim is not None else [])
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            last = out_dim is not None and i == len(dims) - 2
+            gains = out_gains if (last and out_gains) else [math.sqrt(2)] * n
+            w = torch.empty(n, b, a)
+            for k in range(n):
+                nn.init.orthogonal_(w[k], gains[k])
+            self.weights.append(nn.Parameter(w.transpose(1, 2).contiguous()))  # [n, in, out]
+            self.biases.append(nn.Parameter(torch.zeros(n, 1, b)))
+        self.act = activation(act)()
+        self.has_out = out_dim is not None
+        self.out_dim = dims[-1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(self.n, *x.shape)
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(b, x, w)
+            if i < last or not self.has_out:
+                x = self.act(x)
+        return x
+
+
+class CategoricalHead(nn.Module):
+    """Log-probabilities from logits for a Discrete action space. Sampling takes an
+    explicit generator so action sampling has its own random stream."""
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(logits, dim=-1)
+
+    @staticmethod
+    def sample(logp: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        # Gumbel-max: one uniform draw per logit, no host sync.
+        u = torch.rand(logp.shape, generator=generator, device=logp.device).clamp_(1e-20, 1.0)
+        return (logp - torch.log(-torch.log(u))).argmax(-1)
+
+    @staticmethod
+    def mode(logp: torch.Tensor) -> torch.Tensor:
+        return logp.argmax(-1)
+
+    @staticmethod
+    def log_prob(logp: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return logp.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+
+    @staticmethod
+    def entropy(logp: torch.Tensor) -> torch.Tensor:
+        return -(logp.exp() * logp).sum(-1)
+
+
+class DiagGaussianHead(nn.Module):
+    """Diagonal Gaussian with a state-independent log-std, in the policy's unit space.
+
+    ``forward(mean)`` returns ``cat([mean, log_std])``. Actions are sampled unbounded;
+    the actor maps them to the env's bounds so log-probs stay those of the sampled value.
+    """
+
+    def __init__(self, act_dim: int, log_std_init: float = 0.0):
+        super().__init__()
+        self.log_std = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
+
+    def forward(self, mean: torch.Tensor) -> torch.Tensor:
+        return torch.cat([mean, self.log_std.expand_as(mean)], dim=-1)
+
+    @staticmethod
+    def sample(params: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        mean, log_std = params.chunk(2, dim=-1)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device)
+        return mean + log_std.exp() * noise
+
+    @staticmethod
+    def mode(params: torch.Tensor) -> torch.Tensor:
+        return params.chunk(2, dim=-1)[0]
+
+    @staticmethod
+    def log_prob(params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        mean, log_std = params.chunk(2, dim=-1)
+        z = (action - mean) * torch.exp(-log_std)
+        return (-0.5 * z.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    @staticmethod
+    def entropy(params: torch.Tensor) -> torch.Tensor:
+        log_std = params.chunk(2, dim=-1)[1]
+        return (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1)

@@ -1,0 +1,59 @@
+"""Small user envs for tests: reached through 'module:callable' and 'file.py:Class'."""
+
+import gymnasium as gym
+import numpy as np
+
+
+class CountEnv(gym.Env):
+    """obs = [t], reward = 1 each step; terminates at `length` steps (or truncates via max_steps)."""
+
+    def __init__(self, length: int = 5, bad_step: int = -1, bad: str = "none", reward: float = 1.0):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.length, self.bad_step, self.bad, self.reward = length, bad_step, bad, reward
+        self.t = 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.array([float(self.t)], np.float32)
+        reward = self.reward
+        if self.t == self.bad_step:
+            if self.bad == "nan_obs":
+                obs[0] = np.nan
+            elif self.bad == "inf_reward":
+                reward = float("inf")
+            elif self.bad == "raise":
+                raise RuntimeError("simulator exploded")
+        return obs, reward, self.t >= self.length, False, {}
+
+
+def make_count_env(length: int = 5, **kw):
+    return CountEnv(length=length, **kw)
+
+
+def short_cartpole(max_episode_steps: int = 7):
+    return gym.make("CartPole-v1", max_episode_steps=max_episode_steps)
+
+
+class BlowUpEnv(gym.Env):
+    """A CartPole-shaped env whose rewards become astronomically large after `after` steps,
+    so any value loss overflows: used to test the NaN-loss stop."""
+
+    def __init__(self, after: int = 600):
+        self.observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.after, self.n = after, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.n += 1
+        r = 3e38 if self.n > self.after else 1.0
+        return np.zeros(4, np.float32), r, False, self.n % 50 == 0, {}
