@@ -41,9 +41,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # truncated file, wrong format, pickled code, ...
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        detail = next((ln for ln in lines if "Unsupported global" in ln), lines[0] if lines else "")
         raise UserError(
             f"checkpoint {str(path)!r} is corrupt or not a corral checkpoint ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); use another checkpoint from the run's checkpoints/ folder"
+            f"{detail[:300]}); use another checkpoint from the run's checkpoints/ folder"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UserError(f"checkpoint {str(path)!r} is not a corral checkpoint (no '{FORMAT}' header)")

@@ -156,8 +156,9 @@ class MetricsHook:
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
                     self.tb.add_scalar(k, v, learner.env_steps)
 
-    def __call__(self, learner: "Learner", stats: dict) -> None:
-        if learner.env_steps < self.next:
+    def __call__(self, learner: "Learner", stats: dict, final: bool = False) -> None:
+        self.stats = stats
+        if learner.env_steps < self.next and not final:
             return
         self.next = learner.env_steps + self.every
         now = time.perf_counter()
@@ -179,6 +180,8 @@ class MetricsHook:
         self.write(learner, record)
 
     def close(self, learner: "Learner") -> None:
+        if learner.env_steps > self.last_steps and not learner.failed:
+            self(learner, getattr(self, "stats", {}), final=True)
         if self.file:
             self.file.close()
         if self.tb:
@@ -419,7 +422,7 @@ class Learner:
                 "next_ckpt": self.next_ckpt,
                 "recent_returns": list(self.recent_returns),
             },
-            "torch_version": torch.__version__,
+            "torch_version": str(torch.__version__),
         }
 
     def save(self, path: Path) -> Path:

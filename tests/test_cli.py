@@ -1,0 +1,102 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from corral.cli import main
+
+QUICK = ["--set", "eval.episodes=2", "--set", "tensorboard=false"]
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_console_script_trains_and_prints_a_json_summary_last(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "corral.cli", "train", "ppo", "CartPole-v1", "--steps", "512", "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))},
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"run_dir", "env_steps", "train_seconds", "episodes", "last20_return"} <= set(summary)
+    assert summary["env_steps"] >= 512 and summary["episodes"] > 0
+    run_dir = tmp_path / summary["run_dir"]
+    assert run_dir.name.startswith("ppo-CartPole-v1-s0-")
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.jsonl").is_file()
+    assert (run_dir / "checkpoints" / "latest.pt").is_file()
+    assert list((run_dir / "tb").glob("events.*")), "TensorBoard events are written"
+
+
+def test_eval_resume_plot_and_list_on_a_run(tmp_path, capsys):
+    rd = str(tmp_path / "r")
+    rc, out, _ = run(capsys, "train", "ppo", "CartPole-v1", "--steps", "512", "--run-dir", rd, "--json", *QUICK)
+    assert rc == 0
+    rc, out, _ = run(capsys, "eval", rd, "--episodes", "3", "--json")
+    res = json.loads(out.strip().splitlines()[-1])
+    assert rc == 0 and res["episodes"] == 3 and res["mean_return"] > 0 and "std_return" in res
+    rc, out, _ = run(capsys, "resume", rd, "--steps", "1024", "--json")
+    assert rc == 0 and json.loads(out.strip().splitlines()[-1])["env_steps"] == 1024
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert any("eval_return" in r for r in rows) and any("pg_loss" in r for r in rows)
+    rc, out, _ = run(capsys, "plot", rd, "--out", str(tmp_path / "c.png"))
+    assert rc == 0 and (tmp_path / "c.png").stat().st_size > 1000
+    rc, out, _ = run(capsys, "list")
+    assert rc == 0 and "ppo" in out and "CartPole-v1" in out
+    rc, out, _ = run(capsys, "list", "--options", "ppo")
+    assert "ppo.gae_lambda" in out and "GAE lambda" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["train", "ppp", "CartPole-v1"], "unknown algorithm 'ppp'; did you mean ppo"),
+    (["train", "ppo", "CartPol-v1"], "unknown env 'CartPol-v1'; did you mean CartPole-v1"),
+    (["train", "ppo", "CartPole-v1", "--set", "ppo.lrr=1"], "nearest valid keys: ppo.lr"),
+    (["train", "ppo", "CartPole-v1", "--set", "ppo.n_epochs=two"], "ppo.n_epochs: expected int"),
+    (["train", "ppo", "CartPole-v1", "--device", "cuda:7"], "no GPU is visible"),
+    (["eval", "does/not/exist"], "does not exist"),
+    (["resume", "does/not/exist"], "has no checkpoints/latest.pt"),
+])
+def test_bad_input_gives_one_message_a_nonzero_exit_and_no_run_dir(tmp_path, capsys, monkeypatch, argv, needle):
+    monkeypatch.chdir(tmp_path)
+    if "cuda:7" in argv:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is visible")
+    rc, _, err = run(capsys, *argv)
+    assert rc == 2
+    assert needle in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_env_package_names_the_extra_to_install(tmp_path, capsys, monkeypatch):
+    try:
+        import Box2D  # noqa: F401
+        pytest.skip("box2d installed")
+    except ImportError:
+        pass
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = run(capsys, "train", "ppo", "LunarLander-v3", "--steps", "100")
+    assert rc == 2 and "pip install 'corral[box2d]'" in err
+
+
+def test_an_existing_run_directory_is_never_overwritten(tmp_path, capsys):
+    rd = tmp_path / "r"
+    rd.mkdir()
+    (rd / "precious.txt").write_text("keep me")
+    rc, _, err = run(capsys, "train", "ppo", "CartPole-v1", "--steps", "256", "--run-dir", str(rd))
+    assert rc == 2 and "already exists" in err and "corral resume" in err
+    assert sorted(p.name for p in rd.iterdir()) == ["precious.txt"]
+
+
+def test_env_producing_nan_stops_training_with_the_env_named(tmp_path, capsys):
+    rc, _, err = run(capsys, "train", "ppo", "envs_for_tests:make_count_env", "--steps", "2000",
+                     "--run-dir", str(tmp_path / "r"), "--set", "env.kwargs.length=100",
+                     "--set", "env.kwargs.bad_step=40", "--set", "env.kwargs.bad=nan_obs", *QUICK)
+    assert rc == 1
+    assert "'envs_for_tests:make_count_env' (index 0)" in err and "non-finite observation" in err
