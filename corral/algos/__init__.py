@@ -8,7 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.algos.base import Algorithm
+from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.ppo import PPO, PPOConfig
+from corral.algos.sac import SAC, SACConfig
+from corral.algos.td3 import DDPG_OVERRIDES, TD3, TD3Config
 from corral.errors import UserError
 
 
@@ -21,6 +24,17 @@ class AlgoSpec:
 
 ALGOS: dict[str, AlgoSpec] = {
     "ppo": AlgoSpec(PPO, help="Proximal Policy Optimization (discrete and continuous)"),
+    "dqn": AlgoSpec(DQN, help="Deep Q-Network (discrete)"),
+    "double_dqn": AlgoSpec(DQN, {"double": True}, "Double DQN"),
+    "dueling_dqn": AlgoSpec(DQN, {"dueling": True}, "Dueling DQN"),
+    "d3qn": AlgoSpec(DQN, {"double": True, "dueling": True}, "Dueling Double DQN"),
+    "per_dqn": AlgoSpec(DQN, {"prioritized": True}, "DQN with prioritized replay"),
+    "per_double_dqn": AlgoSpec(DQN, {"double": True, "prioritized": True}, "Double DQN with prioritized replay"),
+    "per_d3qn": AlgoSpec(DQN, {"double": True, "dueling": True, "prioritized": True},
+                         "Dueling Double DQN with prioritized replay"),
+    "ddpg": AlgoSpec(TD3, DDPG_OVERRIDES, "DDPG (continuous)"),
+    "td3": AlgoSpec(TD3, help="Twin Delayed DDPG (continuous)"),
+    "sac": AlgoSpec(SAC, help="Soft Actor-Critic with automatic entropy tuning (continuous)"),
 }
 
 
@@ -37,4 +51,5 @@ def get_algo(name: str) -> AlgoSpec:
         raise UserError(f"unknown algorithm {name!r}{hint}") from None
 
 
-__all__ = ["ALGOS", "AlgoSpec", "Algorithm", "PPO", "PPOConfig", "get_algo", "register_algo"]
+__all__ = ["ALGOS", "AlgoSpec", "Algorithm", "DQN", "DQNConfig", "PPO", "PPOConfig", "SAC", "SACConfig", "TD3",
+           "TD3Config", "get_algo", "register_algo"]

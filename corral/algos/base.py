@@ -35,6 +35,7 @@ class Algorithm:
     name: ClassVar[str]
     Config: ClassVar[type]
     actor: torch.nn.Module
+    total_steps: int = 1  # the run's step budget, set by the Learner; drives schedules like epsilon
 
     def __init__(self, cfg: Any, obs_space: gym.Space, act_space: gym.Space, num_envs: int,
                  device: torch.device, rng: RNGStreams):

@@ -8,6 +8,7 @@ optional target-KL early stop. Loss names follow the paper and CleanRL.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -127,25 +128,35 @@ class PPO(Algorithm):
         adv_all, ret_all = advantages.flatten(), returns.flatten()
         n = adv_all.shape[0]
 
+        # One minibatch holding the whole rollout (the rl-zoo CartPole setting) needs no
+        # shuffling or gathering, and its advantages can be normalized once for all epochs.
+        full_batch = cfg.batch_size >= n
+        if full_batch and cfg.normalize_advantage:
+            adv_all = (adv_all - adv_all.mean()) / (adv_all.std() + 1e-8)
+
         sums = torch.zeros(5, device=self.device)  # pg, v, entropy, approx_kl, clipfrac
         count = 0
         stop = False
         for _ in range(cfg.n_epochs):
-            perm = torch.randperm(n, generator=self.rng["minibatch"], device=self.device)
-            for start in range(0, n - cfg.batch_size + 1, cfg.batch_size):
-                idx = perm[start:start + cfg.batch_size]
-                log_prob, entropy, value = self.actor.evaluate_actions(b.obs[idx], b.actions[idx])
-                logratio = log_prob - b.log_probs[idx]
+            if full_batch:
+                batches = [None]
+            else:
+                perm = torch.randperm(n, generator=self.rng["minibatch"], device=self.device)
+                batches = [perm[i:i + cfg.batch_size] for i in range(0, n - cfg.batch_size + 1, cfg.batch_size)]
+            for idx in batches:
+                take = (lambda t: t) if idx is None else (lambda t: t[idx])  # noqa: E731
+                log_prob, entropy, value = self.actor.evaluate_actions(take(b.obs), take(b.actions))
+                logratio = log_prob - take(b.log_probs)
                 ratio = logratio.exp()
-                adv = adv_all[idx]
-                if cfg.normalize_advantage:
+                adv = take(adv_all)
+                if cfg.normalize_advantage and not full_batch:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
                 pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
-                ret = ret_all[idx]
+                ret = take(ret_all)
                 if cfg.clip_range_vf is None:
                     v_loss = F.mse_loss(value, ret)
                 else:
-                    old_v = b.values[idx]
+                    old_v = take(b.values)
                     v_clipped = old_v + (value - old_v).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
                     v_loss = torch.max((value - ret).square(), (v_clipped - ret).square()).mean()
                 entropy_loss = entropy.mean()
@@ -170,7 +181,7 @@ class PPO(Algorithm):
         self.storage.clear()
         self.updates += 1
         pg, v, ent, kl, cf = (sums / max(count, 1)).tolist()
-        if not all(map(torch.isfinite, torch.tensor([pg, v, ent]))):
+        if not all(math.isfinite(x) for x in (pg, v, ent)):
             raise TrainingError(
                 f"PPO loss became non-finite at update {self.updates} (pg_loss={pg}, v_loss={v}); "
                 "lower ppo.lr, enable ppo.normalize_obs / normalize_reward, or check the env's rewards"

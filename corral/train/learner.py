@@ -326,6 +326,7 @@ class Learner:
         spec = get_algo(cfg.algo)
         self.algo = spec.cls(cfg.algo_cfg, self.env.single_observation_space, self.env.single_action_space,
                              self.env.num_envs, self.device, self.rng)
+        self.algo.total_steps = cfg.steps
         self.obs = self.env.reset(seed=self.rng.env_seed())
 
     @property

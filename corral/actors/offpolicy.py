@@ -1,0 +1,141 @@
+"""Actors for off-policy algorithms: Q-networks (plain and dueling), deterministic and
+squashed-Gaussian policies, and ensembles of Q(s, a) critics as one batched module."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from corral.actors.normalizer import RunningNormalizer
+from corral.nets import MLP, ParallelMLP
+
+
+class ObsEncoder(nn.Module):
+    """Normalizer + flatten: what every off-policy net sees first."""
+
+    def __init__(self, obs_space: gym.spaces.Box, normalize: bool):
+        super().__init__()
+        self.shape = tuple(obs_space.shape)
+        self.dim = int(math.prod(self.shape))
+        self.norm = RunningNormalizer(self.shape, enabled=normalize)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.norm(obs).flatten(1)
+
+
+class QNetwork(nn.Module):
+    """Q(s, .) for Discrete actions; ``dueling`` splits it into V(s) + A(s, a) - mean_a A."""
+
+    def __init__(self, obs_space, act_space: gym.spaces.Discrete, hidden=(256, 256), activation="relu",
+                 dueling: bool = False, normalize_obs: bool = False):
+        super().__init__()
+        self.enc = ObsEncoder(obs_space, normalize_obs)
+        self.n = int(act_space.n)
+        self.dueling = dueling
+        if dueling:
+            self.body = MLP(self.enc.dim, hidden[:-1], activation)
+            # value and advantage streams: two heads of the last hidden size, batched
+            self.streams = ParallelMLP(2, self.body.out_dim, hidden[-1:], activation, out_dim=self.n)
+        else:
+            self.body = MLP(self.enc.dim, hidden, activation, out_dim=self.n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Q-values from already-normalized flat observations."""
+        h = self.body(x)
+        if not self.dueling:
+            return h
+        out = self.streams(h)
+        value, adv = out[0, :, :1], out[1]
+        return value + adv - adv.mean(-1, keepdim=True)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True, generator=None) -> torch.Tensor:
+        return self(self.enc(obs)).argmax(-1)
+
+
+class ActionBox(nn.Module):
+    """tanh-squashed unit actions <-> a Box's bounds (``low + (a + 1) / 2 * (high - low)``)."""
+
+    def __init__(self, space: gym.spaces.Box):
+        super().__init__()
+        low = torch.as_tensor(space.low, dtype=torch.float32).flatten()
+        high = torch.as_tensor(space.high, dtype=torch.float32).flatten()
+        if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+            raise ValueError(f"continuous off-policy algorithms need finite action bounds, got {space}")
+        self.register_buffer("low", low)
+        self.register_buffer("high", high)
+        self.shape = tuple(space.shape)
+        self.dim = low.numel()
+
+    def to_env(self, unit: torch.Tensor) -> torch.Tensor:
+        return (self.low + (unit + 1.0) * 0.5 * (self.high - self.low)).reshape(unit.shape[0], *self.shape)
+
+    def to_unit(self, env_action: torch.Tensor) -> torch.Tensor:
+        a = env_action.reshape(env_action.shape[0], -1)
+        return ((a - self.low) / (self.high - self.low) * 2.0 - 1.0).clamp(-1.0, 1.0)
+
+
+class DeterministicActor(nn.Module):
+    """mu(s) in [-1, 1] via tanh (DDPG, TD3)."""
+
+    def __init__(self, obs_space, act_space: gym.spaces.Box, hidden=(256, 256), activation="relu",
+                 normalize_obs: bool = False):
+        super().__init__()
+        self.enc = ObsEncoder(obs_space, normalize_obs)
+        self.box = ActionBox(act_space)
+        self.net = MLP(self.enc.dim, hidden, activation, out_dim=self.box.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(x))
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True, generator=None) -> torch.Tensor:
+        return self.box.to_env(self(self.enc(obs)))
+
+
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+
+
+class SquashedGaussianActor(nn.Module):
+    """tanh(N(mu(s), sigma(s))) with the change-of-variables log-prob (SAC, Haarnoja et al. 2018, app. C)."""
+
+    def __init__(self, obs_space, act_space: gym.spaces.Box, hidden=(256, 256), activation="relu",
+                 normalize_obs: bool = False):
+        super().__init__()
+        self.enc = ObsEncoder(obs_space, normalize_obs)
+        self.box = ActionBox(act_space)
+        self.net = MLP(self.enc.dim, hidden, activation, out_dim=2 * self.box.dim)
+
+    def forward(self, x: torch.Tensor, generator=None, deterministic: bool = False):
+        mean, log_std = self.net(x).chunk(2, dim=-1)
+        if deterministic:
+            return torch.tanh(mean), None
+        log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        std = log_std.exp()
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device)
+        pre = mean + std * noise
+        action = torch.tanh(pre)
+        # log N(pre) - sum log(1 - tanh^2), the latter in the stable form 2(log2 - pre - softplus(-2 pre))
+        log_prob = (-0.5 * noise.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        log_prob = log_prob - (2.0 * (math.log(2.0) - pre - nn.functional.softplus(-2.0 * pre))).sum(-1)
+        return action, log_prob
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True, generator=None) -> torch.Tensor:
+        return self.box.to_env(self(self.enc(obs), generator, deterministic)[0])
+
+
+class Critics(nn.Module):
+    """``n`` independent Q(s, a) networks evaluated as one batched module -> ``[n, B]``."""
+
+    def __init__(self, obs_dim: int, act_dim: int, n: int = 2, hidden=(256, 256), activation="relu"):
+        super().__init__()
+        self.n = n
+        self.net = ParallelMLP(n, obs_dim + act_dim, hidden, activation, out_dim=1,
+                               out_gains=tuple([1.0] * n))
+
+    def forward(self, x: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([x, action], dim=-1)).squeeze(-1)

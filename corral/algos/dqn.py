@@ -1,0 +1,115 @@
+"""DQN (Mnih et al. 2015) and the variants that are flags on it: Double DQN
+(van Hasselt et al. 2016), dueling heads (Wang et al. 2016), n-step returns and
+prioritized replay (Schaul et al. 2016). Presets ``dqn``, ``double_dqn``,
+``dueling_dqn``, ``d3qn`` and their ``per_`` forms are this one file with flags set.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from corral.actors.offpolicy import QNetwork
+from corral.algos.base import adam
+from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
+from corral.config import option
+from corral.errors import UserError
+
+
+@dataclass
+class DQNConfig(OffPolicyConfig):
+    double: bool = option(False, "Double DQN: the online net picks the next action, the target net scores it")
+    dueling: bool = option(False, "dueling head: Q = V + A - mean(A)")
+    loss: str = option("huber", "TD loss: huber (smooth L1) or mse")
+    exploration_fraction: float = option(0.1, "fraction of the run over which epsilon decays")
+    exploration_initial_eps: float = option(1.0, "epsilon at the start")
+    exploration_final_eps: float = option(0.05, "epsilon after the decay")
+    # DQN's classic cadence: hard target copies, sparse updates
+    tau: float = option(1.0, "Polyak coefficient for the target network (1.0: hard copy)")
+    target_update_interval: int = option(10_000, "update the target network every this many env steps")
+    train_freq: int = option(4, "update every this many vector steps")
+    learning_starts: int = option(1000, "env steps collected before the first update")
+    batch_size: int = option(32, "transitions per gradient step")
+    lr: float = option(1e-4, "Adam learning rate")
+    max_grad_norm: float | None = option(10.0, "global gradient norm clip (None: off)")
+
+
+class DQN(OffPolicy):
+    name = "dqn"
+    Config = DQNConfig
+
+    def __init__(self, cfg: DQNConfig, obs_space, act_space, num_envs, device, rng):
+        import gymnasium as gym
+
+        if not isinstance(act_space, gym.spaces.Discrete):
+            raise UserError(f"dqn needs a Discrete action space, got {act_space}; use sac, td3 or ddpg for Box actions")
+        if cfg.loss not in ("huber", "mse"):
+            raise UserError(f"dqn.loss must be 'huber' or 'mse', got {cfg.loss!r}")
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng)
+        self.actor = self._build(lambda: QNetwork(obs_space, act_space, tuple(cfg.hidden), cfg.activation,
+                                                  cfg.dueling, cfg.normalize_obs).to(device))
+        self.target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.optimizer = adam(self.actor.parameters(), lr=cfg.lr)
+        self._params = list(self.actor.parameters())
+        self.n_actions = int(act_space.n)
+
+    def normalizer(self):
+        return self.actor.enc.norm
+
+    @property
+    def epsilon(self) -> float:
+        cfg = self.cfg
+        frac = min(1.0, self.env_steps / max(1.0, cfg.exploration_fraction * self.total_steps))
+        return cfg.exploration_initial_eps + frac * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
+
+    @torch.no_grad()
+    def explore(self, obs):
+        n = obs.shape[0]
+        g = self.rng["noise"]
+        random_action = torch.randint(self.n_actions, (n,), generator=g, device=self.device)
+        explore_mask = torch.rand(n, generator=g, device=self.device) < self.epsilon
+        if bool(explore_mask.all()):  # early on, skip the forward pass entirely
+            action = random_action
+        else:
+            greedy = self.actor(self.actor.enc(obs)).argmax(-1)
+            action = torch.where(explore_mask, random_action, greedy)
+        return action, {"action": action}
+
+    def target_update(self) -> None:
+        self.polyak(self.target, self.actor, self.cfg.tau)
+
+    def train_step(self, batch):
+        cfg = self.cfg
+        enc = self.actor.enc
+        obs, next_obs = enc(batch.obs), enc(batch.next_obs)
+        with torch.no_grad():
+            next_q_target = self.target(next_obs)
+            if cfg.double:
+                next_action = self.actor(next_obs).argmax(-1, keepdim=True)
+                next_q = next_q_target.gather(-1, next_action).squeeze(-1)
+            else:
+                next_q = next_q_target.max(-1).values
+            target = batch.reward + batch.discount * next_q
+        q = self.actor(obs).gather(-1, batch.action.long().unsqueeze(-1)).squeeze(-1)
+        td = q - target
+        per_sample = F.smooth_l1_loss(q, target, reduction="none") if cfg.loss == "huber" else td.square()
+        loss = (per_sample * batch.weights).mean()
+        self._step_optimizer(self.optimizer, loss, self._params)
+        return {"q_loss": loss.detach(), "q_mean": q.detach().mean()}, (td.detach().abs() if cfg.prioritized else None)
+
+    def update(self, progress):
+        out = super().update(progress)
+        out["epsilon"] = self.epsilon
+        return out
+
+    def _state(self):
+        return {"actor": self.actor.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
+
+    def _load(self, state):
+        self.actor.load_state_dict(state["actor"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,171 @@
+"""What every replay-based algorithm shares: the replay buffer, the training cadence
+(learning starts, train frequency, gradient steps), target-network updates, and the
+checkpointed state. Each algorithm adds its networks, ``explore`` and ``train_step``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from corral.algos.base import Algorithm
+from corral.config import option
+from corral.errors import TrainingError, UserError
+from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer, ReplayCapacityError
+
+
+@dataclass
+class OffPolicyConfig:
+    buffer_size: int = option(1_000_000, "replay capacity in transitions (all envs together)")
+    learning_starts: int = option(100, "env steps collected before the first update")
+    batch_size: int = option(256, "transitions per gradient step")
+    train_freq: int = option(1, "update every this many vector steps")
+    gradient_steps: int = option(1, "gradient steps per update (-1: as many as vector steps since the last)")
+    gamma: float = option(0.99, "discount factor")
+    tau: float = option(0.005, "Polyak coefficient for target networks (1.0: hard copy)")
+    target_update_interval: int = option(1, "target network updates: every this many env steps (DQN) or gradient steps (SAC)")
+    lr: float = option(3e-4, "Adam learning rate")
+    hidden: tuple[int, ...] = option((256, 256), "hidden layer sizes")
+    activation: str = option("relu", "hidden activation: relu, tanh, elu, silu")
+    normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
+    n_step: int = option(1, "n-step returns (stop at termination, bootstrap at truncation)")
+    prioritized: bool = option(False, "prioritized replay (proportional, sum-tree)")
+    per_alpha: float = option(0.6, "prioritization exponent alpha")
+    per_beta: float = option(0.4, "initial importance-sampling exponent beta (annealed to 1)")
+    per_eps: float = option(1e-6, "priority floor added to |TD error|")
+    max_grad_norm: float | None = option(None, "global gradient norm clip (None: off)")
+    save_replay: bool = option(True, "write the replay buffer into checkpoints (exact resume)")
+
+
+class OffPolicy(Algorithm):
+    def __init__(self, cfg: OffPolicyConfig, obs_space, act_space, num_envs, device, rng):
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng)
+        self.env_steps = 0
+        self.vector_steps = 0
+        self.grad_steps = 0
+        self._since_update = 0
+        kw = dict(device=device, seed=rng.seeds["replay"], n_step=cfg.n_step, gamma=cfg.gamma)
+        try:
+            if cfg.prioritized:
+                self.replay = PrioritizedReplayBuffer(cfg.buffer_size, num_envs, obs_space, act_space,
+                                                      alpha=cfg.per_alpha, beta=cfg.per_beta, eps=cfg.per_eps, **kw)
+            else:
+                self.replay = ReplayBuffer(cfg.buffer_size, num_envs, obs_space, act_space, **kw)
+        except ReplayCapacityError as e:
+            raise UserError(str(e)) from None
+        except ValueError as e:
+            raise UserError(f"replay: {e}") from None
+
+    # --- building blocks for subclasses
+    def _build(self, fn):
+        """Build networks from the run's init stream, so the same seed gives the same nets."""
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(self.rng.seeds["init"])
+            return fn()
+
+    @staticmethod
+    def polyak(target: torch.nn.Module, online: torch.nn.Module, tau: float) -> None:
+        """target <- (1 - tau) target + tau online, in place, one foreach call."""
+        with torch.no_grad():
+            t = [p for p in target.parameters()]
+            o = [p for p in online.parameters()]
+            if tau >= 1.0:
+                torch._foreach_copy_(t, o)
+            else:
+                torch._foreach_lerp_(t, o, tau)
+            for tb, ob in zip(target.buffers(), online.buffers()):
+                tb.copy_(ob)
+
+    def _step_optimizer(self, optimizer, loss, params) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm, foreach=True)
+        optimizer.step()
+
+    def normalizer(self) -> torch.nn.Module | None:
+        """The obs normalizer that collection updates (the actor's)."""
+        return None
+
+    def target_update(self) -> None:
+        """Called every ``target_update_interval`` env steps."""
+
+    def train_step(self, batch: ReplayBatch) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """One gradient step; returns (metrics as 0-dim tensors, new |TD errors| for PER or None)."""
+        raise NotImplementedError
+
+    # --- the Algorithm interface
+    @torch.no_grad()
+    def observe(self, obs, extras, reward, terminated, truncated, final_obs, next_obs):
+        norm = self.normalizer()
+        if norm is not None:
+            norm.update(obs)
+        # final_obs equals next_obs except where an episode ended: it is the true next state.
+        self.replay.add(obs, extras["action"], reward, terminated, truncated, final_obs)
+        before = self.env_steps
+        self.env_steps += self.num_envs
+        self.vector_steps += 1
+        self._since_update += 1
+        interval = self.cfg.target_update_interval
+        if self.env_steps >= self.cfg.learning_starts and self.env_steps // interval > before // interval:
+            self.target_update()
+
+    def ready(self) -> bool:
+        cfg = self.cfg
+        return (self.env_steps >= cfg.learning_starts and self.vector_steps % cfg.train_freq == 0
+                and self.replay.can_sample(cfg.batch_size))
+
+    def update(self, progress: float) -> dict[str, float]:
+        cfg = self.cfg
+        steps = cfg.gradient_steps if cfg.gradient_steps > 0 else self._since_update
+        self._since_update = 0
+        sums: dict[str, torch.Tensor] = {}
+        for _ in range(steps):
+            if cfg.prioritized:
+                self.replay.step = self.env_steps
+                self.replay.beta_steps = self.total_steps
+            batch = self.replay.sample(cfg.batch_size)
+            stats, td = self.train_step(batch)
+            if td is not None and cfg.prioritized:
+                try:
+                    self.replay.update_priorities(batch.indices, td)
+                except ValueError as e:
+                    raise TrainingError(f"{self.name}: {e}") from None
+            for k, v in stats.items():
+                sums[k] = sums[k] + v if k in sums else v.detach().clone()
+            self.grad_steps += 1
+        out = {k: v.item() / steps for k, v in sums.items()}
+        bad = [k for k in ("critic_loss", "q_loss", "actor_loss") if k in out and not torch.isfinite(torch.tensor(out[k]))]
+        if bad:
+            raise TrainingError(
+                f"{self.name}: {bad[0]} became non-finite after {self.grad_steps} gradient steps "
+                f"({bad[0]}={out[bad[0]]}); lower the learning rate, enable normalize_obs, or check the env's rewards"
+            )
+        return out
+
+    # --- state
+    def _state(self) -> dict[str, Any]:
+        """Subclass state: networks, targets, optimizers."""
+        raise NotImplementedError
+
+    def _load(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {
+            **self._state(),
+            "counters": {"env_steps": self.env_steps, "vector_steps": self.vector_steps,
+                         "grad_steps": self.grad_steps, "since_update": self._since_update},
+        }
+        if self.cfg.save_replay:
+            state["replay"] = self.replay.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._load(state)
+        c = state["counters"]
+        self.env_steps, self.vector_steps = int(c["env_steps"]), int(c["vector_steps"])
+        self.grad_steps, self._since_update = int(c["grad_steps"]), int(c["since_update"])
+        if "replay" in state:
+            self.replay.load_state_dict(state["replay"])

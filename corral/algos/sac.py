@@ -1,0 +1,118 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018, "SAC: algorithms and applications"):
+squashed Gaussian policy, twin critics as one batched module, automatic entropy tuning."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+
+from corral.actors.offpolicy import Critics, SquashedGaussianActor
+from corral.algos.base import adam
+from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
+from corral.config import option
+from corral.errors import UserError
+
+
+@dataclass
+class SACConfig(OffPolicyConfig):
+    n_critics: int = option(2, "critics; targets use the min over them")
+    ent_coef: float | None = option(None, "fixed entropy coefficient alpha (None: tuned automatically)")
+    ent_coef_init: float = option(1.0, "initial alpha when tuned")
+    target_entropy: float | None = option(None, "entropy target (None: -action_dim)")
+    actor_lr: float | None = option(None, "actor and alpha learning rate (None: same as lr)")
+    policy_delay: int = option(1, "actor updates every this many critic updates")
+
+
+class SAC(OffPolicy):
+    name = "sac"
+    Config = SACConfig
+
+    def __init__(self, cfg: SACConfig, obs_space, act_space, num_envs, device, rng):
+        if not isinstance(act_space, gym.spaces.Box):
+            raise UserError(f"sac needs a Box action space, got {act_space}; use dqn or ppo for Discrete")
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng)
+
+        def build():
+            actor = SquashedGaussianActor(obs_space, act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs)
+            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation)
+            return actor.to(device), critics.to(device)
+
+        self.actor, self.critics = self._build(build)
+        self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
+        self.actor_opt = adam(self.actor.parameters(), lr=cfg.actor_lr or cfg.lr)
+        self.critic_opt = adam(self.critics.parameters(), lr=cfg.lr)
+        self._actor_params = list(self.actor.parameters())
+        self._critic_params = list(self.critics.parameters())
+        self.auto_alpha = cfg.ent_coef is None
+        init = cfg.ent_coef_init if self.auto_alpha else cfg.ent_coef
+        self.log_alpha = torch.tensor(math.log(init), device=device, requires_grad=self.auto_alpha)
+        self.alpha_opt = adam([self.log_alpha], lr=cfg.actor_lr or cfg.lr) if self.auto_alpha else None
+        self.target_entropy = float(cfg.target_entropy if cfg.target_entropy is not None else -self.actor.box.dim)
+
+    def normalizer(self):
+        return self.actor.enc.norm
+
+    @torch.no_grad()
+    def explore(self, obs):
+        box = self.actor.box
+        if self.env_steps < self.cfg.learning_starts:
+            unit = torch.rand(obs.shape[0], box.dim, generator=self.rng["noise"], device=self.device) * 2 - 1
+        else:
+            unit, _ = self.actor(self.actor.enc(obs), self.rng["action"])
+        env_action = box.to_env(unit)
+        return env_action, {"action": env_action}
+
+    def train_step(self, batch):
+        cfg = self.cfg
+        enc = self.actor.enc
+        obs, next_obs = enc(batch.obs), enc(batch.next_obs)
+        action = self.actor.box.to_unit(batch.action)
+        alpha = self.log_alpha.detach().exp()
+        with torch.no_grad():
+            next_action, next_logp = self.actor(next_obs, self.rng["noise"])
+            next_q = self.critics_target(next_obs, next_action).min(0).values - alpha * next_logp
+            target = batch.reward + batch.discount * next_q
+        q = self.critics(obs, action)
+        td = q - target
+        critic_loss = 0.5 * (td.square() * batch.weights).mean(1).sum()
+        self._step_optimizer(self.critic_opt, critic_loss, self._critic_params)
+        stats = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(), "alpha": alpha}
+
+        if (self.grad_steps + 1) % cfg.policy_delay == 0:
+            new_action, logp = self.actor(obs, self.rng["noise"])
+            # Critic weights are frozen for this loss: they only carry gradient to the action.
+            self.critics.requires_grad_(False)
+            q_new = self.critics(obs, new_action).min(0).values
+            self.critics.requires_grad_(True)
+            actor_loss = (alpha * logp - q_new).mean()
+            self._step_optimizer(self.actor_opt, actor_loss, self._actor_params)
+            stats["actor_loss"] = actor_loss.detach()
+            stats["entropy"] = -logp.detach().mean()
+            if self.auto_alpha:
+                alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+                self.alpha_opt.zero_grad(set_to_none=True)
+                alpha_loss.backward()
+                self.alpha_opt.step()
+        if (self.grad_steps + 1) % cfg.target_update_interval == 0:
+            self.polyak(self.critics_target, self.critics, cfg.tau)
+        return stats, (td.detach().abs().max(0).values if cfg.prioritized else None)
+
+    def _state(self):
+        state = {"actor": self.actor.state_dict(), "critics": self.critics.state_dict(),
+                 "critics_target": self.critics_target.state_dict(), "actor_opt": self.actor_opt.state_dict(),
+                 "critic_opt": self.critic_opt.state_dict(), "log_alpha": self.log_alpha.detach().clone()}
+        if self.alpha_opt is not None:
+            state["alpha_opt"] = self.alpha_opt.state_dict()
+        return state
+
+    def _load(self, state):
+        for name in ("actor", "critics", "critics_target", "actor_opt", "critic_opt"):
+            getattr(self, name).load_state_dict(state[name])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        if self.alpha_opt is not None and "alpha_opt" in state:
+            self.alpha_opt.load_state_dict(state["alpha_opt"])

@@ -1,0 +1,113 @@
+"""TD3 (Fujimoto et al. 2018) and DDPG (Lillicrap et al. 2016) as one file.
+
+TD3 = DDPG + twin critics (min of two targets) + delayed actor updates + target
+policy smoothing. DDPG is the preset with one critic, no delay and no smoothing.
+The critics are one batched module (``Critics``), so the twin costs one forward.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+
+from corral.actors.offpolicy import Critics, DeterministicActor
+from corral.algos.base import adam
+from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
+from corral.config import option
+from corral.errors import UserError
+
+
+@dataclass
+class TD3Config(OffPolicyConfig):
+    n_critics: int = option(2, "critics; targets use the min over them (1 for DDPG)")
+    policy_delay: int = option(2, "actor and target updates every this many critic updates")
+    target_noise: float = option(0.2, "std of the smoothing noise on target actions (unit action scale)")
+    target_noise_clip: float = option(0.5, "clip of the smoothing noise")
+    exploration_noise: float = option(0.1, "std of the Gaussian exploration noise (unit action scale)")
+    actor_lr: float | None = option(None, "actor learning rate (None: same as lr)")
+    learning_starts: int = option(10_000, "env steps collected before the first update")
+
+
+class TD3(OffPolicy):
+    name = "td3"
+    Config = TD3Config
+
+    def __init__(self, cfg: TD3Config, obs_space, act_space, num_envs, device, rng):
+        if not isinstance(act_space, gym.spaces.Box):
+            raise UserError(f"{self.name} needs a Box action space, got {act_space}; use dqn or ppo for Discrete")
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng)
+
+        def build():
+            actor = DeterministicActor(obs_space, act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs)
+            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation)
+            return actor.to(device), critics.to(device)
+
+        self.actor, self.critics = self._build(build)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
+        self.actor_opt = adam(self.actor.parameters(), lr=cfg.actor_lr or cfg.lr)
+        self.critic_opt = adam(self.critics.parameters(), lr=cfg.lr)
+        self._actor_params = list(self.actor.parameters())
+        self._critic_params = list(self.critics.parameters())
+
+    def normalizer(self):
+        return self.actor.enc.norm
+
+    @torch.no_grad()
+    def explore(self, obs):
+        box = self.actor.box
+        if self.env_steps < self.cfg.learning_starts:  # uniform warm-up, as in the paper
+            unit = torch.rand(obs.shape[0], box.dim, generator=self.rng["noise"], device=self.device) * 2 - 1
+        else:
+            unit = self.actor(self.actor.enc(obs))
+            noise = torch.randn(unit.shape, generator=self.rng["noise"], device=self.device)
+            unit = (unit + self.cfg.exploration_noise * noise).clamp(-1.0, 1.0)
+        env_action = box.to_env(unit)
+        return env_action, {"action": env_action}
+
+    def train_step(self, batch):
+        cfg = self.cfg
+        enc = self.actor.enc
+        obs, next_obs = enc(batch.obs), enc(batch.next_obs)
+        action = self.actor.box.to_unit(batch.action)
+        with torch.no_grad():
+            next_action = self.actor_target(next_obs)
+            if cfg.target_noise > 0:
+                noise = torch.randn(next_action.shape, generator=self.rng["noise"], device=self.device)
+                noise = (noise * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
+                next_action = (next_action + noise).clamp(-1.0, 1.0)
+            next_q = self.critics_target(next_obs, next_action).min(0).values
+            target = batch.reward + batch.discount * next_q
+        q = self.critics(obs, action)  # [n_critics, B]
+        td = q - target
+        critic_loss = (td.square() * batch.weights).mean(1).sum()
+        self._step_optimizer(self.critic_opt, critic_loss, self._critic_params)
+        stats = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean()}
+
+        if (self.grad_steps + 1) % cfg.policy_delay == 0:
+            # Only the actor's parameters step; the critics just pass gradients to the action.
+            self.critics.requires_grad_(False)
+            actor_loss = -self.critics(obs, self.actor(obs))[0].mean()
+            self._step_optimizer(self.actor_opt, actor_loss, self._actor_params)
+            self.critics.requires_grad_(True)
+            self.polyak(self.critics_target, self.critics, cfg.tau)
+            self.polyak(self.actor_target, self.actor, cfg.tau)
+            self._last_actor_loss = actor_loss.detach()
+        if hasattr(self, "_last_actor_loss"):
+            stats["actor_loss"] = self._last_actor_loss
+        return stats, (td.detach().abs().max(0).values if cfg.prioritized else None)
+
+    def _state(self):
+        return {"actor": self.actor.state_dict(), "critics": self.critics.state_dict(),
+                "actor_target": self.actor_target.state_dict(), "critics_target": self.critics_target.state_dict(),
+                "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict()}
+
+    def _load(self, state):
+        for name in ("actor", "critics", "actor_target", "critics_target", "actor_opt", "critic_opt"):
+            getattr(self, name).load_state_dict(state[name])
+
+
+DDPG_OVERRIDES = {"n_critics": 1, "policy_delay": 1, "target_noise": 0.0}
