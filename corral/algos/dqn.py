@@ -85,15 +85,21 @@ class DQN(OffPolicy):
         cfg = self.cfg
         enc = self.actor.enc
         obs, next_obs = enc(batch.obs), enc(batch.next_obs)
+        B = obs.shape[0]
+        if cfg.double:
+            # one online forward over [obs; next_obs]: the second half only picks actions
+            q_all = self.actor(torch.cat([obs, next_obs]))
+            q_values, next_action = q_all[:B], q_all[B:].detach().argmax(-1, keepdim=True)
+        else:
+            q_values = self.actor(obs)
         with torch.no_grad():
             next_q_target = self.target(next_obs)
             if cfg.double:
-                next_action = self.actor(next_obs).argmax(-1, keepdim=True)
                 next_q = next_q_target.gather(-1, next_action).squeeze(-1)
             else:
                 next_q = next_q_target.max(-1).values
             target = batch.reward + batch.discount * next_q
-        q = self.actor(obs).gather(-1, batch.action.long().unsqueeze(-1)).squeeze(-1)
+        q = q_values.gather(-1, batch.action.long().unsqueeze(-1)).squeeze(-1)
         td = q - target
         per_sample = F.smooth_l1_loss(q, target, reduction="none") if cfg.loss == "huber" else td.square()
         loss = (per_sample * batch.weights).mean()

@@ -213,9 +213,10 @@ class EvalHook:
         result = summarize(returns)
         self.metrics.write(learner, {"eval_return": result["mean_return"], "eval_return_std": result["std_return"]})
         learner.last_eval = result
-        if learner.run_dir and result["mean_return"] > learner.best_eval:
+        if result["mean_return"] > learner.best_eval:
             learner.best_eval = result["mean_return"]
-            learner.save(learner.run_dir / "checkpoints" / "best.pt")
+            if learner.run_dir:
+                learner.save(learner.run_dir / "checkpoints" / "best.pt")
         return result
 
     def __call__(self, learner: "Learner", stats: dict) -> None:
