@@ -54,6 +54,7 @@ def make(algo, env_id="Pendulum-v1", num_envs=1, **overrides):
     return a
 
 
+@torch.no_grad()
 def fill(algo, n, obs_dim, act_fn):
     g = torch.Generator().manual_seed(0)
     for _ in range(n):

@@ -72,11 +72,12 @@ def test_clipped_surrogate_matches_the_paper_formula():
     algo = make_ppo(lr=0.0, normalize_advantage=False, vf_coef=0.5, ent_coef=0.0, clip_range=0.2, gamma=0.9, gae_lambda=1.0)
     g = torch.Generator().manual_seed(3)
     obs = torch.randn(8, 2, 4, generator=g)
-    for t in range(8):
-        env_a, ex = algo.explore(obs[t])
-        ex["log_prob"] = ex["log_prob"] + torch.randn(2, generator=g) * 0.3  # pretend a different behaviour policy
-        algo.observe(obs[t], ex, torch.ones(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool),
-                     obs[t], obs[min(t + 1, 7)])
+    with torch.no_grad():  # as in the Learner's collection loop
+        for t in range(8):
+            env_a, ex = algo.explore(obs[t])
+            ex["log_prob"] = ex["log_prob"] + torch.randn(2, generator=g) * 0.3  # pretend a different behaviour policy
+            algo.observe(obs[t], ex, torch.ones(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool),
+                         obs[t], obs[min(t + 1, 7)])
     d = algo.storage.data
     with torch.no_grad():
         params, values = algo.actor(d.obs.flatten(0, 1))
@@ -100,10 +101,11 @@ def test_clipped_surrogate_matches_the_paper_formula():
 
 def test_linear_schedules_anneal_learning_rate_and_clip_range():
     algo = make_ppo(lr=1e-3, lr_schedule="linear", clip_schedule="linear")
-    for t in range(8):
-        _, ex = algo.explore(torch.zeros(2, 4))
-        algo.observe(None, ex, torch.ones(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool),
-                     torch.zeros(2, 4), torch.zeros(2, 4))
+    with torch.no_grad():
+        for t in range(8):
+            _, ex = algo.explore(torch.zeros(2, 4))
+            algo.observe(None, ex, torch.ones(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool),
+                         torch.zeros(2, 4), torch.zeros(2, 4))
     stats = algo.update(progress=0.75)
     assert stats["lr"] == pytest.approx(2.5e-4) and stats["clip_range"] == pytest.approx(0.05)
 

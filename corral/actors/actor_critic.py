@@ -90,9 +90,9 @@ class ActorCritic(nn.Module):
             return action
         return self.scaler(action).reshape(action.shape[0], *self.act_shape)
 
-    @torch.no_grad()
     def explore(self, obs: torch.Tensor, generator: torch.Generator | None = None):
-        """Sample for training: (env_action, action, log_prob, value, normalized obs)."""
+        """Sample for training: (env_action, action, log_prob, value, normalized obs).
+        Called under ``torch.no_grad()`` by the Learner (no decorator: it is the hot path)."""
         x = self.normalize(obs, update=True)
         params, value = self.forward(x)
         action = self.head.sample(params, generator)

@@ -35,11 +35,14 @@ class RunningNormalizer(nn.Module):
         super()._load_from_state_dict(*args, **kwargs)
         self._refresh()
 
-    @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         """Fold a batch ``[B, *shape]`` into the statistics (no-op in eval mode)."""
         if not (self.enabled and self.training):
             return
+        with torch.no_grad():
+            self._update(x)
+
+    def _update(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, *self.mean.shape).to(torch.float64)
         if not torch.isfinite(x).all():
             raise ValueError(

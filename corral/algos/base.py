@@ -46,6 +46,8 @@ class Algorithm:
         self.device = device
         self.rng = rng
 
+    # explore and observe run under torch.no_grad(), entered once per step by the Learner;
+    # update runs with gradients enabled.
     def explore(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 

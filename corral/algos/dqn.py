@@ -65,7 +65,6 @@ class DQN(OffPolicy):
         frac = min(1.0, self.env_steps / max(1.0, cfg.exploration_fraction * self.total_steps))
         return cfg.exploration_initial_eps + frac * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
 
-    @torch.no_grad()
     def explore(self, obs):
         n = obs.shape[0]
         g = self.rng["noise"]

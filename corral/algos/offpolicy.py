@@ -96,7 +96,6 @@ class OffPolicy(Algorithm):
         raise NotImplementedError
 
     # --- the Algorithm interface
-    @torch.no_grad()
     def observe(self, obs, extras, reward, terminated, truncated, final_obs, next_obs):
         norm = self.normalizer()
         if norm is not None:

@@ -82,7 +82,6 @@ class PPO(Algorithm):
         env_action, action, log_prob, value, x = self.actor.explore(obs, self.rng["action"])
         return env_action, {"action": action, "log_prob": log_prob, "value": value, "x": x}
 
-    @torch.no_grad()
     def observe(self, obs, extras, reward, terminated, truncated, final_obs, next_obs):
         final_values = torch.zeros_like(reward)
         if truncated.any():

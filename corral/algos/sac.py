@@ -56,7 +56,6 @@ class SAC(OffPolicy):
     def normalizer(self):
         return self.actor.enc.norm
 
-    @torch.no_grad()
     def explore(self, obs):
         box = self.actor.box
         if self.env_steps < self.cfg.learning_starts:

@@ -41,15 +41,17 @@ class RolloutStorage:
             final_values=z(),
         )
         self.step = 0
+        # per-step views made once, so add() is one copy_ per field
+        self._rows = [{f.name: getattr(self.data, f.name)[t] for f in fields(self.data)} for t in range(T)]
 
     @property
     def full(self) -> bool:
         return self.step >= self.num_steps
 
     def add(self, **values: torch.Tensor) -> None:
-        t = self.step
+        row = self._rows[self.step]
         for k, v in values.items():
-            getattr(self.data, k)[t] = v
+            row[k].copy_(v)
         self.step += 1
 
     def clear(self) -> None:

@@ -340,10 +340,12 @@ class Learner:
         n = env.num_envs
         obs = self.obs
         total = self.cfg.steps
+        no_grad = torch.no_grad()
         while self.env_steps < total:
-            env_action, extras = algo.explore(obs)
-            next_obs, reward, terminated, truncated, info = env.step(env_action)
-            algo.observe(obs, extras, reward, terminated, truncated, info["final_obs"], next_obs)
+            with no_grad:
+                env_action, extras = algo.explore(obs)
+                next_obs, reward, terminated, truncated, info = env.step(env_action)
+                algo.observe(obs, extras, reward, terminated, truncated, info["final_obs"], next_obs)
             obs = next_obs
             self.obs = obs
             self.env_steps += n
