@@ -85,12 +85,12 @@ def _cmd_list(args) -> int:
 
     if args.options:
         spec = get_algo(args.options)
-        from corral.config import EnvConfig, EvalConfig, CheckpointConfig, TrainConfig
+        from corral.config import CheckpointConfig, EnvConfig, EvalConfig, SchemeConfig, TrainConfig
 
         for prefix, cls in (("", TrainConfig), ("env.", EnvConfig), ("eval.", EvalConfig),
-                            ("checkpoint.", CheckpointConfig), (args.options + ".", spec.cls.Config)):
+                            ("checkpoint.", CheckpointConfig), ("scheme.", SchemeConfig), (args.options + ".", spec.cls.Config)):
             for f in dataclasses.fields(cls):
-                if f.name in ("env", "eval", "checkpoint", "algo_cfg"):
+                if f.name in ("env", "eval", "checkpoint", "scheme", "algo_cfg"):
                     continue
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 print(f"  {prefix + f.name:28s} {str(default):14s} {f.metadata.get('help', '')}")

@@ -50,6 +50,16 @@ class CheckpointConfig:
 
 
 @dataclass
+class SchemeConfig:
+    collectors: int = option(1, "collection workers (Ray actors when > 1; 1 runs in-process, no Ray)")
+    collect: str = option("sync", "sync (wait for every collector each update) or async (use fragments as they arrive)")
+    grad_workers: int = option(1, "gradient workers computing on shards of each batch (Ray actors when > 1)")
+    grad: str = option("sync", "sync (average gradients, equal to one process) or async (apply as they arrive)")
+    ray_address: str | None = option(None, "join an existing Ray cluster (None: start a local one sized to the machine)")
+    max_restarts: int = option(10, "times a dead collector is restarted before the run fails")
+
+
+@dataclass
 class TrainConfig:
     algo: str = option("ppo", "algorithm name (`corral list` shows them)")
     env: EnvConfig = option(None, "environment", )
@@ -63,12 +73,14 @@ class TrainConfig:
     tensorboard: bool = option(True, "write TensorBoard events")
     eval: EvalConfig = option(None, "periodic evaluation")
     checkpoint: CheckpointConfig = option(None, "checkpointing")
+    scheme: SchemeConfig = option(None, "where collection and gradient work run (in-process or Ray workers)")
     algo_cfg: Any = option(None, "the algorithm's own config (a dataclass)")
 
     def __post_init__(self):
         self.env = self.env or EnvConfig()
         self.eval = self.eval or EvalConfig()
         self.checkpoint = self.checkpoint or CheckpointConfig()
+        self.scheme = self.scheme or SchemeConfig()
 
 
 # ---------------------------------------------------------------------------

@@ -361,6 +361,15 @@ class Learner:
                 stats = algo.update(min(1.0, self.env_steps / total))
                 yield stats
 
+    def make_stream(self):
+        """The in-process stream, or the distributed one when the scheme asks for workers."""
+        sc = self.cfg.scheme
+        if sc.collectors <= 1 and sc.grad_workers <= 1:
+            return self.stream()
+        from corral.schemes import make_scheme
+
+        return make_scheme(self).stream()
+
     def train(self) -> dict:
         """Run to ``cfg.steps`` (or the early stop); returns the summary printed by ``--json``."""
         cfg = self.cfg
@@ -375,7 +384,7 @@ class Learner:
         start = time.perf_counter() - self.train_seconds
         stopped_early = False
         try:
-            for stats in self.stream():
+            for stats in self.make_stream():
                 self.train_seconds = time.perf_counter() - start
                 for hook in hooks:
                     hook(self, stats)
