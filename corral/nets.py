@@ -48,6 +48,36 @@ class MLP(nn.Sequential):
         self.out_dim = last
 
 
+def is_image_space(space) -> bool:
+    """uint8 Box with 3 dims, channels first (Atari after frame stacking: 4x84x84)."""
+    import numpy as np
+
+    shape = getattr(space, "shape", None)
+    return shape is not None and len(shape) == 3 and getattr(space, "dtype", None) == np.uint8
+
+
+class NatureCNN(nn.Module):
+    """The DQN Nature paper's encoder (Mnih et al. 2015): uint8 images in, scaled to
+    [0, 1] inside the network, so storage stays uint8; 512 features out."""
+
+    def __init__(self, shape: tuple[int, int, int], features: int = 512):
+        super().__init__()
+        c = shape[0]
+        self.conv = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            n = self.conv(torch.zeros(1, *shape)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(n, features), nn.ReLU())
+        self.out_dim = features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x.float() * (1.0 / 255.0)))
+
+
 class ParallelMLP(nn.Module):
     """``n`` independent MLPs of one shape evaluated as one batched module.
 

@@ -74,10 +74,9 @@ def test_double_dqn_target_uses_the_online_argmax_and_the_target_value():
     batch = algo.replay.sample(8)
     algo.replay.load_state_dict(algo.replay.state_dict())
     with torch.no_grad():
-        x, nx = algo.actor.enc(batch.obs), algo.actor.enc(batch.next_obs)
-        a_star = algo.actor(nx).argmax(-1)
-        target = batch.reward + batch.discount * algo.target(nx)[torch.arange(8), a_star]
-        q = algo.actor(x)[torch.arange(8), batch.action]
+        a_star = algo.actor.q(batch.next_obs).argmax(-1)
+        target = batch.reward + batch.discount * algo.target.q(batch.next_obs)[torch.arange(8), a_star]
+        q = algo.actor.q(batch.obs)[torch.arange(8), batch.action]
         expected = torch.nn.functional.smooth_l1_loss(q, target)
     stats, _ = algo.train_step(batch)
     assert stats["q_loss"].item() == pytest.approx(expected.item(), rel=1e-6)

@@ -115,3 +115,49 @@ def test_batch_larger_than_the_rollout_is_refused():
 
     with pytest.raises(UserError, match="larger than the rollout"):
         make_ppo(batch_size=64)
+
+
+class TinyImageEnv(gym.Env):
+    """4x36x36 uint8 frames; reward 1 for action matching the bright half."""
+
+    observation_space = gym.spaces.Box(0, 255, (4, 36, 36), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def _obs(self):
+        self.side = int(self.np_random.integers(2))
+        frame = np.zeros((4, 36, 36), np.uint8)
+        frame[:, :, self.side * 18:(self.side + 1) * 18] = 200
+        return frame
+
+    def step(self, action):
+        self.t += 1
+        r = float(action == self.side)
+        return self._obs(), r, False, self.t >= 20, {}
+
+
+def test_image_observations_go_through_a_cnn_and_are_stored_as_uint8():
+    import corral
+
+    agent = corral.train("ppo", TinyImageEnv, steps=256, seed=0, save_run=False,
+                         **{"eval.episodes": 0, "tensorboard": False, "ppo.n_steps": 64, "ppo.batch_size": 32,
+                            "ppo.hidden": []})
+    assert agent.actor.cnn is not None
+    assert agent.algo.storage.data.obs.dtype == torch.uint8
+    assert agent.algo.storage.data.obs.shape[2:] == (4, 36, 36)
+    frame = TinyImageEnv().reset(seed=0)[0]
+    assert agent.act(frame) in (0, 1)
+
+
+def test_dqn_handles_image_observations_with_its_own_target_encoder():
+    import corral
+
+    agent = corral.train("dqn", TinyImageEnv, steps=300, seed=0, save_run=False,
+                         **{"eval.episodes": 0, "tensorboard": False, "dqn.learning_starts": 100,
+                            "dqn.batch_size": 16, "dqn.train_freq": 4, "dqn.buffer_size": 1000, "dqn.hidden": [32]})
+    assert agent.actor.enc.cnn is not None and agent.algo.target.enc.cnn is not agent.actor.enc.cnn
+    assert agent.algo.replay._obs.dtype == torch.uint8

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from corral.actors.normalizer import RunningNormalizer
-from corral.nets import CategoricalHead, DiagGaussianHead, ParallelMLP
+from corral.nets import CategoricalHead, DiagGaussianHead, NatureCNN, ParallelMLP, is_image_space
 
 
 class ActionScaler(nn.Module):
@@ -46,8 +46,12 @@ class ActorCritic(nn.Module):
     ):
         super().__init__()
         self.obs_shape = tuple(obs_space.shape)
-        in_dim = int(math.prod(self.obs_shape))
-        self.obs_norm = RunningNormalizer(self.obs_shape, enabled=normalize_obs)
+        # Images go through a shared Nature CNN (scaled inside, stored as uint8); vectors
+        # through the running normalizer, then separate policy and value MLPs.
+        self.image = is_image_space(obs_space)
+        self.obs_norm = RunningNormalizer(self.obs_shape, enabled=normalize_obs and not self.image)
+        self.cnn = NatureCNN(self.obs_shape) if self.image else None
+        in_dim = self.cnn.out_dim if self.image else int(math.prod(self.obs_shape))
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         if self.discrete:
             pi_out = int(act_space.n)
@@ -66,13 +70,22 @@ class ActorCritic(nn.Module):
 
     # --- pieces the algorithm uses on stored (already normalized) observations
     def normalize(self, obs: torch.Tensor, update: bool = False) -> torch.Tensor:
+        """What rollouts store: normalized flat vectors, or raw uint8 images."""
+        if self.image:
+            return obs
         if update:
             self.obs_norm.update(obs)
         return self.obs_norm(obs).flatten(1)
 
+    def stored_obs(self) -> tuple[tuple[int, ...], torch.dtype]:
+        """Shape and dtype of one stored observation (see ``normalize``)."""
+        if self.image:
+            return self.obs_shape, torch.uint8
+        return (int(math.prod(self.obs_shape)),), torch.float32
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Distribution parameters and value for normalized observations."""
-        out = self.body(x)
+        out = self.body(self.cnn(x) if self.cnn is not None else x)
         return self.head(out[0]), out[1, :, 0]
 
     def dist_params(self, x: torch.Tensor) -> torch.Tensor:

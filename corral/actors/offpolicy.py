@@ -10,19 +10,25 @@ import torch
 from torch import nn
 
 from corral.actors.normalizer import RunningNormalizer
-from corral.nets import MLP, ParallelMLP
+from corral.nets import MLP, NatureCNN, ParallelMLP, is_image_space
 
 
 class ObsEncoder(nn.Module):
     """Normalizer + flatten: what every off-policy net sees first."""
 
-    def __init__(self, obs_space: gym.spaces.Box, normalize: bool):
+    def __init__(self, obs_space: gym.spaces.Box, normalize: bool, allow_images: bool = True):
         super().__init__()
         self.shape = tuple(obs_space.shape)
-        self.dim = int(math.prod(self.shape))
-        self.norm = RunningNormalizer(self.shape, enabled=normalize)
+        image = is_image_space(obs_space)
+        if image and not allow_images:
+            raise ValueError("image observations are supported by dqn and ppo so far, not by this algorithm")
+        self.norm = RunningNormalizer(self.shape, enabled=normalize and not image)
+        self.cnn = NatureCNN(self.shape) if image else None
+        self.dim = self.cnn.out_dim if image else int(math.prod(self.shape))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.cnn is not None:
+            return self.cnn(obs)
         return self.norm(obs).flatten(1)
 
 
@@ -51,9 +57,13 @@ class QNetwork(nn.Module):
         value, adv = out[0, :, :1], out[1]
         return value + adv - adv.mean(-1, keepdim=True)
 
+    def q(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values from raw observations (through this network's own encoder)."""
+        return self(self.enc(obs))
+
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True, generator=None) -> torch.Tensor:
-        return self(self.enc(obs)).argmax(-1)
+        return self.q(obs).argmax(-1)
 
 
 class ActionBox(nn.Module):
@@ -84,7 +94,7 @@ class DeterministicActor(nn.Module):
     def __init__(self, obs_space, act_space: gym.spaces.Box, hidden=(256, 256), activation="relu",
                  normalize_obs: bool = False):
         super().__init__()
-        self.enc = ObsEncoder(obs_space, normalize_obs)
+        self.enc = ObsEncoder(obs_space, normalize_obs, allow_images=False)
         self.box = ActionBox(act_space)
         self.net = MLP(self.enc.dim, hidden, activation, out_dim=self.box.dim)
 
@@ -105,7 +115,7 @@ class SquashedGaussianActor(nn.Module):
     def __init__(self, obs_space, act_space: gym.spaces.Box, hidden=(256, 256), activation="relu",
                  normalize_obs: bool = False):
         super().__init__()
-        self.enc = ObsEncoder(obs_space, normalize_obs)
+        self.enc = ObsEncoder(obs_space, normalize_obs, allow_images=False)
         self.box = ActionBox(act_space)
         self.net = MLP(self.enc.dim, hidden, activation, out_dim=2 * self.box.dim)
 

@@ -73,7 +73,7 @@ class DQN(OffPolicy):
         if bool(explore_mask.all()):  # early on, skip the forward pass entirely
             action = random_action
         else:
-            greedy = self.actor(self.actor.enc(obs)).argmax(-1)
+            greedy = self.actor.q(obs).argmax(-1)
             action = torch.where(explore_mask, random_action, greedy)
         return action, {"action": action}
 
@@ -82,17 +82,15 @@ class DQN(OffPolicy):
 
     def train_step(self, batch):
         cfg = self.cfg
-        enc = self.actor.enc
-        obs, next_obs = enc(batch.obs), enc(batch.next_obs)
-        B = obs.shape[0]
+        B = batch.obs.shape[0]
         if cfg.double:
             # one online forward over [obs; next_obs]: the second half only picks actions
-            q_all = self.actor(torch.cat([obs, next_obs]))
+            q_all = self.actor.q(torch.cat([batch.obs, batch.next_obs]))
             q_values, next_action = q_all[:B], q_all[B:].detach().argmax(-1, keepdim=True)
         else:
-            q_values = self.actor(obs)
+            q_values = self.actor.q(batch.obs)
         with torch.no_grad():
-            next_q_target = self.target(next_obs)
+            next_q_target = self.target.q(batch.next_obs)
             if cfg.double:
                 next_q = next_q_target.gather(-1, next_action).squeeze(-1)
             else:

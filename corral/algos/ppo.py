@@ -71,9 +71,9 @@ class PPO(Algorithm):
         self._disc_return = torch.zeros(num_envs, device=device)
         self.optimizer = adam(self.actor.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self._params = [p for p in self.actor.parameters()]
-        flat_obs = (int(torch.Size(obs_space.shape).numel()),)
-        self.storage = RolloutStorage(cfg.n_steps, num_envs, flat_obs, self.actor.act_shape,
-                                      self.actor.discrete, device)
+        obs_shape, obs_dtype = self.actor.stored_obs()
+        self.storage = RolloutStorage(cfg.n_steps, num_envs, obs_shape, self.actor.act_shape,
+                                      self.actor.discrete, device, obs_dtype)
         self._last_obs: torch.Tensor | None = None
         self.updates = 0
 
