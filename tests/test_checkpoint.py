@@ -32,8 +32,8 @@ def test_trained_2n_equals_trained_n_then_resumed_to_2n_bit_for_bit(tmp_path):
     assert b.algo.actor.obs_norm.count.item() == a.algo.actor.obs_norm.count.item() > 0
     assert torch.equal(params(a.algo), params(b.algo))
     opt_a, opt_b = a.algo.optimizer.state_dict(), b.algo.optimizer.state_dict()
-    for k in opt_a["state"]:
-        assert torch.equal(opt_a["state"][k]["exp_avg_sq"], opt_b["state"][k]["exp_avg_sq"])
+    assert opt_a["steps"] == opt_b["steps"] > 0
+    assert torch.equal(opt_a["exp_avg_sq"], opt_b["exp_avg_sq"])
 
 
 def test_checkpoint_loads_weights_only_and_acts_like_the_trained_agent(tmp_path):

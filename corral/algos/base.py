@@ -21,16 +21,6 @@ import torch
 from corral.rng import RNGStreams
 
 
-def adam(params, lr: float, eps: float = 1e-8) -> torch.optim.Adam:
-    """Adam with the fused kernel where this torch has one (CPU and CUDA): one call per
-    step instead of one per parameter tensor, which dominates small-network updates."""
-    params = list(params)
-    try:
-        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
-    except (RuntimeError, TypeError):
-        return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
-
-
 class Algorithm:
     name: ClassVar[str]
     Config: ClassVar[type]

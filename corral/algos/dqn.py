@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from corral.actors.offpolicy import QNetwork
-from corral.algos.base import adam
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.errors import UserError
@@ -52,8 +51,7 @@ class DQN(OffPolicy):
         self.actor = self._build(lambda: QNetwork(obs_space, act_space, tuple(cfg.hidden), cfg.activation,
                                                   cfg.dueling, cfg.normalize_obs).to(device))
         self.target = copy.deepcopy(self.actor).requires_grad_(False)
-        self.optimizer = adam(self.actor.parameters(), lr=cfg.lr)
-        self._params = list(self.actor.parameters())
+        self.optimizer = self._optimizer(self.actor.parameters(), cfg.lr)
         self.n_actions = int(act_space.n)
 
     def normalizer(self):
@@ -100,7 +98,7 @@ class DQN(OffPolicy):
         td = q - target
         per_sample = F.smooth_l1_loss(q, target, reduction="none") if cfg.loss == "huber" else td.square()
         loss = (per_sample * batch.weights).mean()
-        self._step_optimizer(self.optimizer, loss, self._params)
+        self._step_optimizer(self.optimizer, loss)
         return {"q_loss": loss.detach(), "q_mean": q.detach().mean()}, (td.detach().abs() if cfg.prioritized else None)
 
     def update(self, progress):

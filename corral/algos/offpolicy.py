@@ -12,6 +12,7 @@ import torch
 from corral.algos.base import Algorithm
 from corral.config import option
 from corral.errors import TrainingError, UserError
+from corral.optim import FlatAdam
 from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer, ReplayCapacityError
 
 
@@ -77,11 +78,13 @@ class OffPolicy(Algorithm):
             for tb, ob in zip(target.buffers(), online.buffers()):
                 tb.copy_(ob)
 
-    def _step_optimizer(self, optimizer, loss, params) -> None:
-        optimizer.zero_grad(set_to_none=True)
+    def _optimizer(self, params, lr: float) -> FlatAdam:
+        return FlatAdam(params, lr=lr, max_grad_norm=self.cfg.max_grad_norm)
+
+    @staticmethod
+    def _step_optimizer(optimizer: FlatAdam, loss: torch.Tensor) -> None:
+        optimizer.zero_grad()
         loss.backward()
-        if self.cfg.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm, foreach=True)
         optimizer.step()
 
     def normalizer(self) -> torch.nn.Module | None:

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from corral.actors.actor_critic import ActorCritic
 from corral.actors.normalizer import RunningNormalizer
-from corral.algos.base import Algorithm, adam
+from corral.algos.base import Algorithm
+from corral.optim import FlatAdam
 from corral.config import option
 from corral.errors import TrainingError, UserError
 from corral.returns import gae, rollout_next_values
@@ -69,8 +70,7 @@ class PPO(Algorithm):
                                      cfg.normalize_obs, cfg.log_std_init).to(device)
         self.ret_norm = RunningNormalizer((), enabled=cfg.normalize_reward).to(device)
         self._disc_return = torch.zeros(num_envs, device=device)
-        self.optimizer = adam(self.actor.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
-        self._params = [p for p in self.actor.parameters()]
+        self.optimizer = FlatAdam(self.actor.parameters(), lr=cfg.lr, eps=cfg.adam_eps, max_grad_norm=cfg.max_grad_norm)
         obs_shape, obs_dtype = self.actor.stored_obs()
         self.storage = RolloutStorage(cfg.n_steps, num_envs, obs_shape, self.actor.act_shape,
                                       self.actor.discrete, device, obs_dtype)
@@ -161,10 +161,9 @@ class PPO(Algorithm):
                 entropy_loss = entropy.mean()
                 loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
 
-                self.optimizer.zero_grad(set_to_none=True)
+                self.optimizer.zero_grad()
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
-                self.optimizer.step()
+                self.optimizer.step()  # clips the global gradient norm, then Adam
 
                 with torch.no_grad():
                     approx_kl = ((ratio - 1.0) - logratio).mean()

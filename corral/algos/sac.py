@@ -11,10 +11,10 @@ import gymnasium as gym
 import torch
 
 from corral.actors.offpolicy import Critics, SquashedGaussianActor
-from corral.algos.base import adam
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.errors import UserError
+from corral.optim import FlatAdam
 
 
 @dataclass
@@ -43,14 +43,12 @@ class SAC(OffPolicy):
 
         self.actor, self.critics = self._build(build)
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
-        self.actor_opt = adam(self.actor.parameters(), lr=cfg.actor_lr or cfg.lr)
-        self.critic_opt = adam(self.critics.parameters(), lr=cfg.lr)
-        self._actor_params = list(self.actor.parameters())
-        self._critic_params = list(self.critics.parameters())
+        self.actor_opt = self._optimizer(self.actor.parameters(), cfg.actor_lr or cfg.lr)
+        self.critic_opt = self._optimizer(self.critics.parameters(), cfg.lr)
         self.auto_alpha = cfg.ent_coef is None
         init = cfg.ent_coef_init if self.auto_alpha else cfg.ent_coef
         self.log_alpha = torch.tensor(math.log(init), device=device, requires_grad=self.auto_alpha)
-        self.alpha_opt = adam([self.log_alpha], lr=cfg.actor_lr or cfg.lr) if self.auto_alpha else None
+        self.alpha_opt = FlatAdam([self.log_alpha], lr=cfg.actor_lr or cfg.lr) if self.auto_alpha else None
         self.target_entropy = float(cfg.target_entropy if cfg.target_entropy is not None else -self.actor.box.dim)
 
     def normalizer(self):
@@ -78,7 +76,7 @@ class SAC(OffPolicy):
         q = self.critics(obs, action)
         td = q - target
         critic_loss = 0.5 * (td.square() * batch.weights).mean(1).sum()
-        self._step_optimizer(self.critic_opt, critic_loss, self._critic_params)
+        self._step_optimizer(self.critic_opt, critic_loss)
         stats = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(), "alpha": alpha}
 
         if (self.grad_steps + 1) % cfg.policy_delay == 0:
@@ -88,14 +86,12 @@ class SAC(OffPolicy):
             q_new = self.critics(obs, new_action).min(0).values
             self.critics.requires_grad_(True)
             actor_loss = (alpha * logp - q_new).mean()
-            self._step_optimizer(self.actor_opt, actor_loss, self._actor_params)
+            self._step_optimizer(self.actor_opt, actor_loss)
             stats["actor_loss"] = actor_loss.detach()
             stats["entropy"] = -logp.detach().mean()
             if self.auto_alpha:
                 alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
-                self.alpha_opt.zero_grad(set_to_none=True)
-                alpha_loss.backward()
-                self.alpha_opt.step()
+                self._step_optimizer(self.alpha_opt, alpha_loss)
         if (self.grad_steps + 1) % cfg.target_update_interval == 0:
             self.polyak(self.critics_target, self.critics, cfg.tau)
         return stats, (td.detach().abs().max(0).values if cfg.prioritized else None)

@@ -14,7 +14,6 @@ import gymnasium as gym
 import torch
 
 from corral.actors.offpolicy import Critics, DeterministicActor
-from corral.algos.base import adam
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.errors import UserError
@@ -48,10 +47,8 @@ class TD3(OffPolicy):
         self.actor, self.critics = self._build(build)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
-        self.actor_opt = adam(self.actor.parameters(), lr=cfg.actor_lr or cfg.lr)
-        self.critic_opt = adam(self.critics.parameters(), lr=cfg.lr)
-        self._actor_params = list(self.actor.parameters())
-        self._critic_params = list(self.critics.parameters())
+        self.actor_opt = self._optimizer(self.actor.parameters(), cfg.actor_lr or cfg.lr)
+        self.critic_opt = self._optimizer(self.critics.parameters(), cfg.lr)
 
     def normalizer(self):
         return self.actor.enc.norm
@@ -83,14 +80,14 @@ class TD3(OffPolicy):
         q = self.critics(obs, action)  # [n_critics, B]
         td = q - target
         critic_loss = (td.square() * batch.weights).mean(1).sum()
-        self._step_optimizer(self.critic_opt, critic_loss, self._critic_params)
+        self._step_optimizer(self.critic_opt, critic_loss)
         stats = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean()}
 
         if (self.grad_steps + 1) % cfg.policy_delay == 0:
             # Only the actor's parameters step; the critics just pass gradients to the action.
             self.critics.requires_grad_(False)
             actor_loss = -self.critics(obs, self.actor(obs))[0].mean()
-            self._step_optimizer(self.actor_opt, actor_loss, self._actor_params)
+            self._step_optimizer(self.actor_opt, actor_loss)
             self.critics.requires_grad_(True)
             self.polyak(self.critics_target, self.critics, cfg.tau)
             self.polyak(self.actor_target, self.actor, cfg.tau)

