@@ -148,6 +148,36 @@ class CategoricalHead(nn.Module):
         return -(logp.exp() * logp).sum(-1)
 
 
+class MultiCategoricalHead(nn.Module):
+    """Independent categoricals for MultiDiscrete (and MultiBinary as nvec=[2]*n).
+
+    ``forward`` takes the concatenated logits ``[B, sum(nvec)]`` and returns the
+    per-branch log-probabilities in the same layout; actions are ``[B, len(nvec)]``.
+    """
+
+    def __init__(self, nvec: list[int]):
+        super().__init__()
+        self.nvec = [int(n) for n in nvec]
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.log_softmax(x, -1) for x in logits.split(self.nvec, -1)], -1)
+
+    def _branches(self, logp: torch.Tensor):
+        return logp.split(self.nvec, -1)
+
+    def sample(self, logp: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return torch.stack([CategoricalHead.sample(x, generator) for x in self._branches(logp)], -1)
+
+    def mode(self, logp: torch.Tensor) -> torch.Tensor:
+        return torch.stack([x.argmax(-1) for x in self._branches(logp)], -1)
+
+    def log_prob(self, logp: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return sum(CategoricalHead.log_prob(x, action[..., i]) for i, x in enumerate(self._branches(logp)))
+
+    def entropy(self, logp: torch.Tensor) -> torch.Tensor:
+        return sum(CategoricalHead.entropy(x) for x in self._branches(logp))
+
+
 class DiagGaussianHead(nn.Module):
     """Diagonal Gaussian with a state-independent log-std, in the policy's unit space.
 

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from corral.actors.normalizer import RunningNormalizer
-from corral.nets import CategoricalHead, DiagGaussianHead, NatureCNN, ParallelMLP, is_image_space
+from corral.nets import (CategoricalHead, DiagGaussianHead, MultiCategoricalHead, NatureCNN, ParallelMLP,
+                         is_image_space)
 
 
 class ActionScaler(nn.Module):
@@ -52,17 +53,23 @@ class ActorCritic(nn.Module):
         self.obs_norm = RunningNormalizer(self.obs_shape, enabled=normalize_obs and not self.image)
         self.cnn = NatureCNN(self.obs_shape) if self.image else None
         in_dim = self.cnn.out_dim if self.image else int(math.prod(self.obs_shape))
-        self.discrete = isinstance(act_space, gym.spaces.Discrete)
-        if self.discrete:
+        self.discrete = isinstance(act_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
+        if isinstance(act_space, gym.spaces.Discrete):
             pi_out = int(act_space.n)
             self.head = CategoricalHead()
+            self.scaler = None
+        elif isinstance(act_space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+            nvec = act_space.nvec.reshape(-1).tolist() if isinstance(act_space, gym.spaces.MultiDiscrete) \
+                else [2] * int(math.prod(act_space.shape))
+            pi_out = int(sum(nvec))
+            self.head = MultiCategoricalHead(nvec)
             self.scaler = None
         elif isinstance(act_space, gym.spaces.Box):
             pi_out = int(math.prod(act_space.shape))
             self.head = DiagGaussianHead(pi_out, log_std_init)
             self.scaler = ActionScaler(act_space)
         else:
-            raise ValueError(f"ActorCritic supports Discrete and Box actions, got {act_space}")
+            raise ValueError(f"ActorCritic supports Discrete, MultiDiscrete, MultiBinary and Box actions, got {act_space}")
         # Member 0 is the policy (logits / mean, small init so the first policy is near
         # uniform), member 1 the value (column 0). Separate weights, one batched module.
         self.body = ParallelMLP(2, in_dim, hidden, activation, out_dim=pi_out, out_gains=(0.01, 1.0))
@@ -76,6 +83,14 @@ class ActorCritic(nn.Module):
         if update:
             self.obs_norm.update(obs)
         return self.obs_norm(obs).flatten(1)
+
+    def stored_action(self) -> tuple[tuple[int, ...], torch.dtype]:
+        """Shape and dtype of one sampled (policy-space) action as rollouts store it."""
+        if isinstance(self.head, CategoricalHead):
+            return (), torch.long
+        if isinstance(self.head, MultiCategoricalHead):
+            return (len(self.head.nvec),), torch.long
+        return (int(self.head.log_std.numel()),), torch.float32
 
     def stored_obs(self) -> tuple[tuple[int, ...], torch.dtype]:
         """Shape and dtype of one stored observation (see ``normalize``)."""
@@ -100,7 +115,7 @@ class ActorCritic(nn.Module):
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         if self.discrete:
-            return action
+            return action.reshape(action.shape[0], *self.act_shape)
         return self.scaler(action).reshape(action.shape[0], *self.act_shape)
 
     def explore(self, obs: torch.Tensor, generator: torch.Generator | None = None):

@@ -72,8 +72,8 @@ class PPO(Algorithm):
         self._disc_return = torch.zeros(num_envs, device=device)
         self.optimizer = FlatAdam(self.actor.parameters(), lr=cfg.lr, eps=cfg.adam_eps, max_grad_norm=cfg.max_grad_norm)
         obs_shape, obs_dtype = self.actor.stored_obs()
-        self.storage = RolloutStorage(cfg.n_steps, num_envs, obs_shape, self.actor.act_shape,
-                                      self.actor.discrete, device, obs_dtype)
+        act_shape, act_dtype = self.actor.stored_action()
+        self.storage = RolloutStorage(cfg.n_steps, num_envs, obs_shape, act_shape, act_dtype, device, obs_dtype)
         self._last_obs: torch.Tensor | None = None
         self.updates = 0
 

@@ -26,13 +26,13 @@ class RolloutBatch:
 
 class RolloutStorage:
     def __init__(self, num_steps: int, num_envs: int, obs_dim: tuple[int, ...], act_shape: tuple[int, ...],
-                 discrete: bool, device: torch.device, obs_dtype: torch.dtype = torch.float32):
+                 act_dtype: torch.dtype, device: torch.device, obs_dtype: torch.dtype = torch.float32):
         T, N = num_steps, num_envs
         self.num_steps, self.num_envs = T, N
         z = lambda *s, dtype=torch.float32: torch.zeros((T, N, *s), dtype=dtype, device=device)  # noqa: E731
         self.data = RolloutBatch(
             obs=z(*obs_dim, dtype=obs_dtype),
-            actions=z(dtype=torch.long) if discrete else z(*act_shape),
+            actions=z(*act_shape, dtype=act_dtype),
             log_probs=z(),
             values=z(),
             rewards=z(),
