@@ -70,6 +70,15 @@ def _cmd_eval(args) -> int:
     import corral
 
     agent = corral.load(args.path, device=args.device)
+    if args.video:
+        from corral.envs.video import record_video
+
+        deterministic = not args.stochastic
+        videos = record_video(lambda o: agent.algo.act(o, deterministic=deterministic), agent.cfg.env.id,
+                              args.video, episodes=args.episodes, kwargs=agent.cfg.env.kwargs, seed=args.seed,
+                              device=agent.algo.device)
+        for v in videos:
+            print(f"wrote {v.path} (return {v.episode_return:.1f}, {v.episode_length} steps)", file=sys.stderr)
     result = corral.evaluate(agent, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic)
     if args.json:
         print(json.dumps({k: result[k] for k in ("mean_return", "std_return", "episodes")}))
@@ -165,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--stochastic", action="store_true", help="sample actions instead of the mode")
     e.add_argument("--device", default="auto")
+    e.add_argument("--video", metavar="DIR", help="also write one MP4 per episode into DIR")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=_cmd_eval)
 

@@ -100,3 +100,14 @@ def test_env_producing_nan_stops_training_with_the_env_named(tmp_path, capsys):
                      "--set", "env.kwargs.bad_step=40", "--set", "env.kwargs.bad=nan_obs", *QUICK)
     assert rc == 1
     assert "'envs_for_tests:make_count_env' (index 0)" in err and "non-finite observation" in err
+
+
+def test_eval_writes_one_video_per_episode(tmp_path, capsys):
+    pytest.importorskip("imageio_ffmpeg")
+    rd = str(tmp_path / "r")
+    assert main(["train", "ppo", "CartPole-v1", "--steps", "256", "--run-dir", rd, *QUICK]) == 0
+    rc, out, err = run(capsys, "eval", rd, "--episodes", "2", "--video", str(tmp_path / "v"), "--json")
+    assert rc == 0
+    files = sorted((tmp_path / "v").glob("*.mp4"))
+    assert len(files) == 2 and all(f.stat().st_size > 1000 for f in files)
+    assert json.loads(out.strip().splitlines()[-1])["episodes"] == 2
