@@ -15,7 +15,7 @@ from corral.envs.make import env_name
 from corral.rng import RNGStreams
 from corral.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from corral.train.evaluate import run_episodes, summarize
-from corral.train.learner import Learner, build_config, new_run_dir, resolve_device
+from corral.train.learner import Learner, build_config, make_env, new_run_dir, resolve_device
 
 
 def config_from_dict(data: dict) -> C.TrainConfig:
@@ -82,7 +82,7 @@ def load(path: str | Path, device: str = "auto") -> Agent:
     dev = resolve_device(device)
     state = load_checkpoint(ckpt, map_location=dev)
     cfg = config_from_dict(state["config"])
-    env = make_vec_env(cfg.env.id, 1, cfg.env.kwargs, "cpu", cfg.env.backend)
+    env = make_env(cfg, None, "cpu", num_envs=1, evaluation=True)
     spec = get_algo(cfg.algo)
     algo = spec.cls(cfg.algo_cfg, env.single_observation_space, env.single_action_space, cfg.env.num_envs,
                     dev, RNGStreams(cfg.seed, dev))
@@ -102,7 +102,10 @@ def evaluate(agent: Agent, env: Any = None, episodes: int = 10, seed: int = 0, d
     """Mean and std of the raw env return over ``episodes`` episodes."""
     spec = env if env is not None else agent.cfg.env.id
     kwargs = agent.cfg.env.kwargs if env is None else {}
-    venv = make_vec_env(spec, num_envs, kwargs, agent.algo.device, agent.cfg.env.backend if env is None else "sync")
+    if env is None:
+        venv = make_env(agent.cfg, None, agent.algo.device, num_envs=num_envs, evaluation=True)
+    else:
+        venv = make_vec_env(spec, num_envs, {}, agent.algo.device, "sync", atari_wrappers="eval")
     try:
         returns = run_episodes(lambda o: agent.algo.act(o, deterministic=deterministic), venv, episodes, seed=seed)
     finally:

@@ -31,8 +31,11 @@ def option(default: Any, help: str, **kw) -> Any:
 class EnvConfig:
     id: str = option("CartPole-v1", "Gymnasium id, 'module:callable', 'file.py:Name' or a registered name")
     num_envs: int = option(1, "parallel envs for collection")
-    backend: str = option("sync", "vector backend: sync (in-process) or native (torch-batched)")
+    backend: str = option("sync", "vector backend: sync (in-process), subproc (worker processes), envpool, native (torch-batched)")
     kwargs: dict = option({}, "keyword arguments passed to the env constructor")
+    on_error: str = option("raise", "an env that raises: raise (stop the run) or restart (rebuild it, drop the episode)")
+    strict: bool = option(False, "reject out-of-bounds Box actions instead of clipping and counting them")
+    atari_wrappers: bool = option(True, "standard Atari preprocessing for ALE ids (evaluation drops episodic life and clipping)")
 
 
 @dataclass

@@ -2,6 +2,16 @@
 
 from corral.envs.base import EnvError, VecEnv
 from corral.envs.make import env_name, make_factory, register
-from corral.envs.vector import SyncVecEnv, make_vec_env
+from corral.envs.vector import BACKENDS, HostVecEnv, SyncVecEnv, make_vec_env
 
-__all__ = ["EnvError", "VecEnv", "SyncVecEnv", "env_name", "make_factory", "make_vec_env", "register"]
+__all__ = [
+    "BACKENDS",
+    "EnvError",
+    "HostVecEnv",
+    "VecEnv",
+    "SyncVecEnv",
+    "env_name",
+    "make_factory",
+    "make_vec_env",
+    "register",
+]

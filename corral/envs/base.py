@@ -15,7 +15,11 @@ torch-batched, Ray workers):
   ``final_obs`` on truncation and not at all on termination.
 * ``info["episode_return"]`` (float32 ``[N]``) and ``info["episode_length"]``
   (int64 ``[N]``) hold the undiscounted return and length of the episode that
-  just ended, valid where ``terminated | truncated``.
+  just ended, valid where ``info["episode_done"]`` (bool ``[N]``). That flag marks
+  whole episodes: an Atari life lost under episodic life is ``terminated`` for the
+  value targets but not a finished episode, and an env restarted after a crash is
+  ``truncated`` without one. Backends without such cases may omit it; readers use
+  ``info.get("episode_done", terminated | truncated)``.
 * ``state_dict()`` / ``load_state_dict()`` capture everything needed to continue
   bit-for-bit (env internals, RNGs, running episode statistics) when
   ``copyable`` is True; otherwise they hold only the episode statistics and a

@@ -87,61 +87,129 @@ def _missing_extra_hint(env_id: str) -> str:
     return "install the package that provides it"
 
 
-def _gym_factory(env_id: str, kwargs: dict) -> EnvFactory:
+class _GymMake:
+    """``gym.make(make_id, **kwargs)``, with the Atari preprocessing for ALE ids. Picklable,
+    so a worker process builds its envs from it."""
+
+    def __init__(self, make_id: str, env_id: str, kwargs: dict, atari: Any = None):
+        self.make_id, self.env_id, self.kwargs, self.atari = make_id, env_id, kwargs, atari
+
+    def __call__(self) -> gym.Env:
+        if self.env_id.startswith("ALE/") or self.atari is not None:
+            from corral.envs.atari import register_ale
+
+            register_ale()  # a fresh worker process has not registered them yet
+        try:
+            if self.atari is not None:
+                from corral.envs.atari import make_atari
+
+                return make_atari(self.make_id, self.kwargs, self.atari)
+            return gym.make(self.make_id, **self.kwargs)
+        except gym.error.DependencyNotInstalled as e:
+            raise UserError(
+                f"env {self.env_id!r} needs a package that is not installed: {_missing_extra_hint(self.env_id)} ({e})"
+            ) from None
+        except TypeError as e:
+            raise UserError(f"env {self.env_id!r} rejected its kwargs {self.kwargs}: {e}") from None
+
+
+class _Call:
+    """``fn(**kwargs)``; picklable when ``fn`` is (cloudpickle takes lambdas too)."""
+
+    def __init__(self, fn: Callable[..., gym.Env], kwargs: dict):
+        self.fn, self.kwargs = fn, kwargs
+
+    def __call__(self) -> gym.Env:
+        return self.fn(**self.kwargs)
+
+
+class _Copy:
+    """A deep copy of an env instance per call."""
+
+    def __init__(self, template: gym.Env):
+        self.template = template
+
+    def __call__(self) -> gym.Env:
+        return copy.deepcopy(self.template)
+
+
+class _FromSpec:
+    """``module:callable`` or ``file.py:Name``, resolved again in whichever process calls it
+    (a worker imports the module or file itself)."""
+
+    def __init__(self, spec: str, kwargs: dict):
+        self.spec, self.kwargs = spec, kwargs
+        self._obj: Any = None
+
+    def __getstate__(self) -> dict:
+        return {"spec": self.spec, "kwargs": self.kwargs, "_obj": None}
+
+    def __call__(self) -> gym.Env:
+        if self._obj is None:
+            self._obj = _load_attr(self.spec)
+        if isinstance(self._obj, gym.Env):
+            return copy.deepcopy(self._obj)
+        return self._obj(**self.kwargs)
+
+
+def _gym_factory(env_id: str, kwargs: dict, atari_wrappers: Any = True) -> EnvFactory:
+    make_id = env_id
     if env_id not in gym.registry:
         # Atari and other plugin families register on import.
         if env_id.startswith("ALE/"):
-            try:
-                import ale_py  # noqa: F401
+            from corral.envs.atari import register_ale
 
-                gym.register_envs(ale_py)
-            except ImportError:
-                raise UserError(f"env {env_id!r} needs ale-py: pip install 'corral[atari]'") from None
+            if not register_ale():
+                raise UserError(f"env {env_id!r} needs ale-py: pip install 'corral[atari]'")
+        else:
+            from corral.envs.atari import resolve_short_name
+
+            env_id = make_id = resolve_short_name(env_id) or env_id
     if env_id not in gym.registry:
         known = list(gym.registry.keys()) + list(_REGISTRY)
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `corral list` shows the env families"
         raise UserError(f"unknown env {env_id!r}{hint}")
+    atari = None
+    from corral.envs.atari import atari_options, is_ale_id
 
-    def factory() -> gym.Env:
-        try:
-            return gym.make(env_id, **kwargs)
-        except gym.error.DependencyNotInstalled as e:
-            raise UserError(f"env {env_id!r} needs a package that is not installed: {_missing_extra_hint(env_id)} ({e})") from None
-        except TypeError as e:
-            raise UserError(f"env {env_id!r} rejected its kwargs {kwargs}: {e}") from None
-
-    return factory
+    if is_ale_id(env_id):
+        atari = atari_options(atari_wrappers)
+    return _GymMake(make_id, env_id, kwargs, atari)
 
 
-def make_factory(spec: Any, kwargs: dict | None = None) -> EnvFactory:
-    """Return a zero-argument callable building one fresh env for ``spec``."""
+def make_factory(spec: Any, kwargs: dict | None = None, atari_wrappers: Any = True) -> EnvFactory:
+    """Return a zero-argument callable building one fresh env for ``spec``.
+
+    String specs give picklable factories that resolve the spec again where they are
+    called, so worker processes build their own envs. ``atari_wrappers`` applies to ALE
+    ids (see :func:`corral.envs.atari.atari_options`)."""
     kwargs = dict(kwargs or {})
     if isinstance(spec, gym.Env):
         if kwargs:
             raise UserError("env kwargs cannot be applied to an env instance; pass its class or a factory")
-        template = spec
-        return lambda: copy.deepcopy(template)
-    if isinstance(spec, type) and issubclass(spec, gym.Env):
-        return lambda: spec(**kwargs)
+        return _Copy(spec)
     if callable(spec) and not isinstance(spec, str):
-        return lambda: spec(**kwargs)
+        return _Call(spec, kwargs)
     if not isinstance(spec, str):
         raise UserError(f"cannot make an env from {spec!r}: give an id, 'module:callable', a gymnasium.Env or a class")
     if spec in _REGISTRY:
-        fn = _REGISTRY[spec]
-        return lambda: fn(**kwargs)
+        return _Call(_REGISTRY[spec], kwargs)
     if ":" in spec and not spec.startswith("native:"):
         target = spec.rpartition(":")[0]
         # "module:EnvId-v0" is also Gymnasium's own import-then-make syntax.
         obj = _load_attr(spec) if target.endswith(".py") or not _is_gym_namespace_id(spec) else None
         if obj is not None:
             if isinstance(obj, gym.Env):
-                return make_factory(obj, kwargs)
-            if not callable(obj):
+                if kwargs:
+                    raise UserError(f"env {spec!r} is an env instance; kwargs cannot be applied to it")
+            elif not callable(obj):
                 raise UserError(f"env {spec!r} names {type(obj).__name__}, which is not callable")
-            return lambda: obj(**kwargs)
-    return _gym_factory(spec, kwargs)
+            return _FromSpec(spec, kwargs)
+        factory = _gym_factory(spec.rpartition(":")[2], kwargs, atari_wrappers)
+        factory.make_id = spec  # gym.make imports the module itself
+        return factory
+    return _gym_factory(spec, kwargs, atari_wrappers)
 
 
 def _is_gym_namespace_id(spec: str) -> bool:
@@ -157,9 +225,10 @@ def check_env(env: gym.Env, name: str) -> None:
     """Refuse spaces corral does not handle yet, with the fix."""
     from gymnasium import spaces
 
-    if not isinstance(env.action_space, (spaces.Discrete, spaces.Box)):
+    if not isinstance(env.action_space, (spaces.Discrete, spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary)):
         raise UserError(
-            f"env {name!r}: action space {env.action_space} is not supported yet (Discrete or Box are)"
+            f"env {name!r}: action space {env.action_space} is not supported yet "
+            "(Discrete, Box, MultiDiscrete and MultiBinary are)"
         )
     if not isinstance(env.observation_space, spaces.Box):
         raise UserError(

@@ -26,7 +26,7 @@ def run_episodes(
         if (counts >= targets).all():
             break
         obs, _, term, trunc, info = env.step(act(obs))
-        done = (term | trunc).cpu().numpy()
+        done = info.get("episode_done", term | trunc).cpu().numpy()
         if done.any():
             ep_ret = info["episode_return"].cpu().numpy()
             for i in np.nonzero(done)[0]:

@@ -31,6 +31,17 @@ from corral.train.evaluate import run_episodes, summarize
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 
+def make_env(cfg: C.TrainConfig, spec: Any = None, device: Any = "cpu", num_envs: int | None = None,
+             evaluation: bool = False):
+    """The run's vector env from its config (evaluation: no episodic life, no reward clipping)."""
+    ec = cfg.env
+    if ec.on_error not in ("raise", "restart"):
+        raise UserError(f"env.on_error must be 'raise' or 'restart', got {ec.on_error!r}")
+    atari = ("eval" if evaluation else True) if ec.atari_wrappers else False
+    return make_vec_env(spec if spec is not None else ec.id, num_envs or ec.num_envs, ec.kwargs, device, ec.backend,
+                        atari_wrappers=atari, strict=ec.strict, on_error=ec.on_error)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -202,8 +213,7 @@ class EvalHook:
     def evaluate(self, learner: "Learner") -> dict:
         ec = learner.cfg.eval
         if self.env is None:
-            self.env = make_vec_env(learner.env_spec, ec.num_envs, learner.cfg.env.kwargs, learner.device,
-                                    learner.cfg.env.backend)
+            self.env = make_env(learner.cfg, learner.env_spec, learner.device, num_envs=ec.num_envs, evaluation=True)
         learner.algo.actor.eval()
         try:
             returns = run_episodes(lambda o: learner.algo.act(o, deterministic=ec.deterministic), self.env,
@@ -323,7 +333,7 @@ class Learner:
         self.device = resolve_device(cfg.device)
         self.env_spec = self.env_spec if self.env_spec is not None else cfg.env.id
         self.rng = RNGStreams(cfg.seed, self.device)
-        self.env = make_vec_env(self.env_spec, cfg.env.num_envs, cfg.env.kwargs, self.device, cfg.env.backend)
+        self.env = make_env(cfg, self.env_spec, self.device)
         spec = get_algo(cfg.algo)
         self.algo = spec.cls(cfg.algo_cfg, self.env.single_observation_space, self.env.single_action_space,
                              self.env.num_envs, self.device, self.rng)
@@ -349,7 +359,8 @@ class Learner:
             obs = next_obs
             self.obs = obs
             self.env_steps += n
-            done = terminated | truncated
+            # a whole episode ended (not a lost Atari life, not a restarted env's dropped episode)
+            done = info.get("episode_done", terminated | truncated)
             if done.any():
                 rets = info["episode_return"][done].tolist()
                 lens = info["episode_length"][done].tolist()
