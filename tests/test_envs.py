@@ -71,13 +71,12 @@ def test_unknown_env_names_close_matches():
         make_factory("envs_for_tests:CountEnvv")
 
 
-def test_env_whose_package_is_missing_names_the_extra():
-    pytest.importorskip("gymnasium")
-    try:
-        import Box2D  # noqa: F401
-        pytest.skip("box2d is installed here")
-    except ImportError:
-        pass
+def test_env_whose_package_is_missing_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "Box2D", None)  # look uninstalled even where it is installed
+    for name in [m for m in sys.modules if m.startswith("gymnasium.envs.box2d")]:
+        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(UserError, match=r"corral\[box2d\]"):
         make_vec_env("LunarLander-v3", 1)
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from corral.actors.normalizer import RunningNormalizer
+from corral.envs.spaces import layout_of
 from corral.nets import (CategoricalHead, DiagGaussianHead, MultiCategoricalHead, NatureCNN, ParallelMLP,
                          is_image_space)
 
@@ -35,6 +36,36 @@ class ActionScaler(nn.Module):
         return self.low + (a.clamp(-1.0, 1.0) + 1.0) * 0.5 * (self.high - self.low)
 
 
+class MultiInputEncoder(nn.Module):
+    """Flat multi-part observations -> features: each image part through its own Nature
+    CNN, the other parts concatenated as they are."""
+
+    def __init__(self, layout, mask_key: str = "action_mask"):
+        super().__init__()
+        self.layout = list(layout)
+        self.images = [p for p in self.layout if p.image]
+        self.cnns = nn.ModuleList(NatureCNN(p.shape) for p in self.images)
+        vec = torch.ones(self.layout[-1].stop, dtype=torch.bool)
+        raw = torch.zeros_like(vec)
+        for p in self.images:
+            vec[p.start:p.stop] = False
+            raw[p.start:p.stop] = True
+        for p in self.layout:
+            if p.key == mask_key:
+                raw[p.start:p.stop] = True
+        self.register_buffer("vec_idx", vec.nonzero().squeeze(-1), persistent=False)
+        self.raw_dims = raw
+        self.out_dim = int(vec.sum()) + sum(c.out_dim for c in self.cnns)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.images:
+            return x
+        feats = [x.index_select(1, self.vec_idx)] if self.vec_idx.numel() else []
+        for p, cnn in zip(self.images, self.cnns):
+            feats.append(cnn(x[:, p.start:p.stop].reshape(-1, *p.shape)))
+        return torch.cat(feats, dim=-1)
+
+
 class ActorCritic(nn.Module):
     def __init__(
         self,
@@ -44,6 +75,7 @@ class ActorCritic(nn.Module):
         activation: str = "tanh",
         normalize_obs: bool = True,
         log_std_init: float = 0.0,
+        mask_key: str = "action_mask",
     ):
         super().__init__()
         self.obs_shape = tuple(obs_space.shape)
@@ -53,6 +85,20 @@ class ActorCritic(nn.Module):
         self.obs_norm = RunningNormalizer(self.obs_shape, enabled=normalize_obs and not self.image)
         self.cnn = NatureCNN(self.obs_shape) if self.image else None
         in_dim = self.cnn.out_dim if self.image else int(math.prod(self.obs_shape))
+        # Dict / Tuple observations arrive flat with a layout (corral.envs.spaces): image parts
+        # go through their own CNN, an "action_mask" part masks a Discrete policy, and both
+        # stay raw (not normalized) in what rollouts store.
+        self.parts = MultiInputEncoder(layout_of(obs_space), mask_key) if layout_of(obs_space) else None
+        self.mask_slice = None
+        if self.parts is not None:
+            in_dim = self.parts.out_dim
+            self.register_buffer("raw_dims", self.parts.raw_dims, persistent=False)
+            mask = next((p for p in self.parts.layout if p.key == mask_key), None)
+            if mask is not None:
+                if not isinstance(act_space, gym.spaces.Discrete) or mask.stop - mask.start != int(act_space.n):
+                    raise ValueError(f"observation part {mask_key!r} must hold one 0/1 flag per Discrete action "
+                                     f"({act_space}), it has {mask.stop - mask.start}")
+                self.mask_slice = slice(mask.start, mask.stop)
         self.discrete = isinstance(act_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
         if isinstance(act_space, gym.spaces.Discrete):
             pi_out = int(act_space.n)
@@ -82,7 +128,10 @@ class ActorCritic(nn.Module):
             return obs
         if update:
             self.obs_norm.update(obs)
-        return self.obs_norm(obs).flatten(1)
+        x = self.obs_norm(obs).flatten(1)
+        if self.parts is not None:
+            x = torch.where(self.raw_dims, obs.flatten(1).float(), x)
+        return x
 
     def stored_action(self) -> tuple[tuple[int, ...], torch.dtype]:
         """Shape and dtype of one sampled (policy-space) action as rollouts store it."""
@@ -100,8 +149,12 @@ class ActorCritic(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Distribution parameters and value for normalized observations."""
-        out = self.body(self.cnn(x) if self.cnn is not None else x)
-        return self.head(out[0]), out[1, :, 0]
+        features = self.cnn(x) if self.cnn is not None else (self.parts(x) if self.parts is not None else x)
+        out = self.body(features)
+        logits = out[0]
+        if self.mask_slice is not None:  # invalid actions get (numerically) zero probability
+            logits = logits.masked_fill(x[:, self.mask_slice] < 0.5, -1e8)
+        return self.head(logits), out[1, :, 0]
 
     def dist_params(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)[0]

@@ -16,6 +16,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from corral.envs.spaces import flatten_parts
 from corral.envs.base import EnvError
 
 # Env modules whose whole state is plain attributes (arrays, numbers, RNGs), so a
@@ -107,7 +108,7 @@ class EnvGroup:
         self.offset = offset
         self.on_error = on_error
         self.max_restarts = max_restarts
-        self.envs = [f() for f in self.factories]
+        self.envs = [flatten_parts(f()) for f in self.factories]
         n = len(self.envs)
         self.external = [reports_episodes(e) for e in self.envs]
         self.ep_ret = np.zeros(n, dtype=np.float64)  # running return and length of each env's episode
@@ -223,7 +224,7 @@ class EnvGroup:
         except Exception:  # a broken env may not close cleanly; it is dropped either way
             pass
         try:
-            env = self.factories[i]()
+            env = flatten_parts(self.factories[i]())
             seed = None
             if self.seed is not None:  # deterministic, and distinct from every other env's seed
                 seed = int(np.random.SeedSequence([self.seed, self.offset + i, self.env_restarts[i]]).generate_state(1)[0])

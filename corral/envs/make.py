@@ -232,6 +232,6 @@ def check_env(env: gym.Env, name: str) -> None:
         )
     if not isinstance(env.observation_space, spaces.Box):
         raise UserError(
-            f"env {name!r}: observation space {env.observation_space} is not supported yet (Box is); "
-            "wrap it with gymnasium.wrappers.FlattenObservation"
+            f"env {name!r}: observation space {env.observation_space} is not supported yet (Box, Dict and "
+            "Tuple are); wrap it with gymnasium.wrappers.FlattenObservation"
         )

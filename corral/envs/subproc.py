@@ -28,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from corral.envs.spaces import flatten_parts
 from corral.envs.base import EnvError
 from corral.envs.group import EnvGroup
 from corral.envs.make import EnvFactory, check_env
@@ -179,7 +180,7 @@ class SubprocVecEnv(HostVecEnv):
             raise ValueError("SubprocVecEnv takes one factory for all envs (or the same one repeated)")
         factory: Callable[[], gym.Env] = factories[0]
         # One env here for the spaces (and the user's errors, raised where they can be read).
-        probe = factory()
+        probe = flatten_parts(factory())
         try:
             check_env(probe, env_id)
             obs_space, act_space = probe.observation_space, probe.action_space

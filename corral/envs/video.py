@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from corral.envs.group import EPISODE_KEY, layers, reports_episodes
+from corral.envs.spaces import flatten_parts
 from corral.envs.make import check_env, env_name, make_factory
 from corral.errors import UserError
 
@@ -51,6 +52,7 @@ def _make_rendering_env(env_spec: Any, kwargs: dict | None, atari_wrappers: Any)
             f"env {env_name(env_spec)!r} renders with render_mode={env.render_mode!r}; "
             "recording video needs render_mode='rgb_array'"
         )
+    env = flatten_parts(env)
     check_env(env, env_name(env_spec))
     return env
 
