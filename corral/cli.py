@@ -54,6 +54,10 @@ def _cmd_resume(args) -> int:
         cfg.steps = args.steps
     if args.device is not None:
         cfg.device = args.device
+    if args.set:  # e.g. move a run between in-process and Ray workers: --set scheme.collectors=2
+        from corral import config as C
+
+        C.apply_set(cfg, C.parse_set(args.set))
     if args.json:
         cfg.progress = False
     if state["counters"]["env_steps"] >= cfg.steps:
@@ -182,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run_dir")
     r.add_argument("--steps", type=int, help="new total step budget")
     r.add_argument("--device")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=_cmd_resume)
 

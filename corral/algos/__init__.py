@@ -7,8 +7,10 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.algos.apex import ApexDQN, ApexTD3
 from corral.algos.base import Algorithm
 from corral.algos.dqn import DQN, DQNConfig
+from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
 from corral.algos.sac import SAC, SACConfig
 from corral.algos.td3 import DDPG_OVERRIDES, TD3, TD3Config
@@ -35,6 +37,11 @@ ALGOS: dict[str, AlgoSpec] = {
     "ddpg": AlgoSpec(TD3, DDPG_OVERRIDES, "DDPG (continuous)"),
     "td3": AlgoSpec(TD3, help="Twin Delayed DDPG (continuous)"),
     "sac": AlgoSpec(SAC, help="Soft Actor-Critic with automatic entropy tuning (continuous)"),
+    "impala": AlgoSpec(IMPALA, help="IMPALA: actor-critic with V-trace correction (asynchronous collectors)"),
+    "appo": AlgoSpec(IMPALA, {"surrogate": True, "n_epochs": 4}, "APPO: IMPALA with PPO's clipped surrogate"),
+    "apex_dqn": AlgoSpec(ApexDQN, help="Ape-X DQN: distributed prioritized replay, epsilon ladder (discrete)"),
+    "apex_ddpg": AlgoSpec(ApexTD3, DDPG_OVERRIDES, "Ape-X DDPG: distributed prioritized replay, noise ladder"),
+    "apex_td3": AlgoSpec(ApexTD3, help="Ape-X over TD3 (twin critics, delayed actor, target smoothing)"),
 }
 
 

@@ -1,0 +1,176 @@
+"""Ape-X (Horgan et al. 2018): distributed prioritized experience replay, as a small diff
+over DQN and TD3/DDPG.
+
+What changes from the base algorithms:
+
+* Each env gets its own exploration: Ape-X DQN's epsilon ladder
+  ``eps_i = eps_base ** (1 + eps_alpha * i / (G - 1))`` and Ape-X DDPG's Gaussian noise
+  ladder ``sigma_i = noise_max * (noise_min / noise_max) ** (i / (G - 1))``, with ``i``
+  the env's index among all ``G = collectors x num_envs`` envs.
+* Collectors score their own transitions (``initial_priorities``: n-step TD errors from
+  their copy of the networks, bootstrapping with the online network since they hold no
+  target), so new data enters the replay at a useful priority instead of the maximum.
+* The replay lives in a server the collectors write to (``replay_server = True``); the
+  learner samples from it, sends back priorities and broadcasts. The scheme runs that
+  loop; nothing here knows where the pieces run. With ``scheme.collectors=1`` the same
+  algorithm runs in-process on a local prioritized replay.
+* The observation normalizer is updated where observations are seen, in ``explore``
+  (collectors report what they saw; the learner merges and broadcasts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from corral.algos.dqn import DQN, DQNConfig
+from corral.algos.td3 import TD3, TD3Config
+from corral.config import option
+
+
+def ladder(first: float, last: float, count: int, device) -> torch.Tensor:
+    """``count`` values spaced geometrically from ``first`` to ``last``."""
+    if count <= 1:
+        return torch.full((1,), float(first), device=device)
+    i = torch.arange(count, dtype=torch.float64, device=device)
+    return (first * (last / first) ** (i / (count - 1))).float()
+
+
+def nstep_window(data, gamma: float, n: int):
+    """Per step of a fragment: the n-step discounted reward, the observation it bootstraps
+    from and the discount, with windows ending at an episode end or the fragment's last
+    step (exactly the targets the replay buffer builds from the same fragment)."""
+    T, N = data.reward.shape
+    done = data.terminated | data.boundary_truncated()
+    final = data.true_next_obs()
+    t = torch.arange(T).unsqueeze(1).expand(T, N)
+    ret = torch.zeros(T, N)
+    last = t.clone()
+    alive = torch.ones(T, N, dtype=torch.bool)
+    for k in range(n):
+        idx = (t + k).clamp(max=T - 1)
+        valid = alive & (t + k < T)
+        ret += torch.where(valid, (gamma ** k) * data.reward.gather(0, idx), 0.0)
+        last = torch.where(valid, idx, last)
+        alive = valid & ~done.gather(0, idx)
+    length = (last - t + 1).float()
+    next_obs = final[last, torch.arange(N).expand(T, N)]
+    discount = gamma ** length * (~data.terminated.gather(0, last)).float()
+    return ret, next_obs, discount
+
+
+class ApexMixin:
+    """What Ape-X adds to an off-policy algorithm (see the module docstring)."""
+
+    replay_server = True
+    worker, workers = 0, 1
+
+    def set_worker(self, index: int, count: int) -> None:
+        self.worker, self.workers = index, count
+
+    def env_ladder(self, first: float, last: float) -> torch.Tensor:
+        """This collector's slice of the ladder over every env of the run."""
+        n = self.num_envs
+        full = ladder(first, last, self.workers * n, self.device)
+        return full[self.worker * n:(self.worker + 1) * n]
+
+    def normalizer(self):
+        return None  # explore updates it (OffPolicy.observe would count every observation twice)
+
+    def explore(self, obs):
+        self.actor.enc.norm.update(obs)
+        return super().explore(obs)
+
+    def advance(self, env_steps: int) -> None:
+        """The counters ``observe`` keeps, for a learner that only hears that collectors
+        wrote ``env_steps`` transitions to the replay server."""
+        cfg = self.cfg
+        before = self.env_steps
+        self.env_steps += env_steps
+        self.vector_steps += env_steps // self.num_envs
+        self._since_update += env_steps // self.num_envs
+        interval = cfg.target_update_interval
+        if self.env_steps >= cfg.learning_starts and self.env_steps // interval > before // interval:
+            self.target_update()
+
+    def initial_priorities(self, data) -> torch.Tensor:
+        ret, next_obs, discount = nstep_window(data, self.cfg.gamma, self.cfg.n_step)
+        td = self.td_errors(data.obs[:-1].flatten(0, 1), data.extras["action"].flatten(0, 1),
+                            ret.flatten(), next_obs.flatten(0, 1), discount.flatten())
+        return td.abs().view_as(ret)
+
+
+@dataclass
+class ApexDQNConfig(DQNConfig):
+    rollout_fragment: int = option(64, "env steps per env in a fragment sent to the replay")
+    prefetch: int = option(1, "batches the learner fetches from the replay server per request (staler priorities)")
+    eps_base: float = option(0.4, "epsilon ladder: eps_i = eps_base ** (1 + eps_alpha * i / (envs - 1))")
+    eps_alpha: float = option(7.0, "epsilon ladder exponent range")
+    prioritized: bool = option(True, "prioritized replay (proportional, sum-tree)")
+    double: bool = option(True, "Double DQN targets")
+    dueling: bool = option(True, "dueling head")
+    n_step: int = option(3, "n-step returns")
+
+
+class ApexDQN(ApexMixin, DQN):
+    name = "apex_dqn"
+    Config = ApexDQNConfig
+
+    @property
+    def epsilon(self) -> torch.Tensor:
+        c = self.cfg
+        return self.env_ladder(c.eps_base, c.eps_base ** (1.0 + c.eps_alpha))
+
+    def td_errors(self, obs, action, ret, next_obs, discount):
+        q = self.actor.q(obs).gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+        target = ret + discount * self.actor.q(next_obs).max(-1).values
+        return q - target
+
+    def update(self, progress):
+        out = super().update(progress)
+        out["epsilon"] = float(self.epsilon.mean())
+        return out
+
+
+@dataclass
+class ApexTD3Config(TD3Config):
+    rollout_fragment: int = option(64, "env steps per env in a fragment sent to the replay")
+    prefetch: int = option(1, "batches the learner fetches from the replay server per request (staler priorities)")
+    noise_max: float = option(0.5, "Gaussian noise ladder: the largest std (unit action scale)")
+    noise_min: float = option(0.05, "Gaussian noise ladder: the smallest std")
+    prioritized: bool = option(True, "prioritized replay (proportional, sum-tree)")
+
+
+class ApexTD3(ApexMixin, TD3):
+    name = "apex_td3"
+    Config = ApexTD3Config
+
+    def explore(self, obs):
+        self.actor.enc.norm.update(obs)
+        box = self.actor.box
+        if self.env_steps < self.cfg.learning_starts:  # uniform warm-up, as TD3
+            unit = torch.rand(obs.shape[0], box.dim, generator=self.rng["noise"], device=self.device) * 2 - 1
+        else:
+            unit = self.actor(self.actor.enc(obs))
+            noise = torch.randn(unit.shape, generator=self.rng["noise"], device=self.device)
+            sigma = self.env_ladder(self.cfg.noise_max, self.cfg.noise_min).unsqueeze(-1)
+            unit = (unit + sigma * noise).clamp(-1.0, 1.0)
+        env_action = box.to_env(unit)
+        return env_action, {"action": env_action}
+
+    def collector_state(self):
+        # collectors score transitions with the critics too
+        return {**{f"actor.{k}": v for k, v in self.actor.state_dict().items()},
+                **{f"critics.{k}": v for k, v in self.critics.state_dict().items()}}
+
+    def load_collector_state(self, state):
+        self.actor.load_state_dict({k[6:]: v for k, v in state.items() if k.startswith("actor.")})
+        self.critics.load_state_dict({k[8:]: v for k, v in state.items() if k.startswith("critics.")})
+
+    def td_errors(self, obs, action, ret, next_obs, discount):
+        enc = self.actor.enc
+        o, no = enc(obs), enc(next_obs)
+        q = self.critics(o, self.actor.box.to_unit(action))
+        target = ret + discount * self.critics(no, self.actor(no)).min(0).values
+        return (q - target).abs().max(0).values

@@ -1,0 +1,286 @@
+"""Collection away from the learner: a ``Collector`` owns a vector env and a copy of the
+algorithm's actor and hands back fragments of experience. Nothing here imports Ray; the
+Ray scheme wraps these objects in actors, and ``LocalPool`` runs them in-process.
+
+A fragment is ``T`` vector steps of ``N`` envs with everything ``Algorithm.observe``
+takes, so the learner replays it step by step into its own algorithm exactly as the
+in-process loop would. The last step of a fragment is a boundary: the learner sees it as
+a truncation whose final observation is the real next observation, so returns, GAE,
+V-trace and replay targets bootstrap there and never run into whatever the learner is
+fed next in the same column (another collector's fragment, or a fresh env after a
+restart).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from corral.actors.normalizer import RunningNormalizer
+from corral.rng import RNGStreams
+
+
+@dataclass
+class FragmentMeta:
+    """What the learner needs about a fragment without its data (small; always fetched)."""
+
+    worker: int
+    generation: int  # how many times this collector slot was restarted
+    version: int  # the policy version the fragment was collected with
+    steps: int  # T * N env steps
+    seconds: float  # collection time (for steps/s)
+    episodes: list = field(default_factory=list)  # (t, return, length) of every episode that ended
+    norm_deltas: list = field(default_factory=list)  # (count, mean, var) per normalizer, since the last fragment
+
+
+@dataclass
+class FragmentData:
+    """``T`` vector steps of ``N`` envs."""
+
+    obs: torch.Tensor  # [T + 1, N, *obs]; obs[t + 1] is the observation after step t
+    extras: dict  # name -> [T, N, ...] what explore returned for the learner
+    reward: torch.Tensor  # [T, N]
+    terminated: torch.Tensor  # [T, N] bool, as the env reported
+    truncated: torch.Tensor  # [T, N] bool, as the env reported
+    final_obs: torch.Tensor  # [D, *obs] true final observations where terminated | truncated, in nonzero order
+    priorities: torch.Tensor | None = None  # [T, N] initial replay priorities (Ape-X), or None
+
+    @property
+    def length(self) -> int:
+        return int(self.reward.shape[0])
+
+    def to(self, device: torch.device) -> "FragmentData":
+        if self.obs.device == torch.device(device):
+            return self
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return FragmentData(move(self.obs), {k: move(v) for k, v in self.extras.items()}, move(self.reward),
+                            move(self.terminated), move(self.truncated), move(self.final_obs), move(self.priorities))
+
+    def head(self, rows: int) -> "FragmentData":
+        """The first ``rows`` steps as a fragment of their own (its last step the boundary)."""
+        if rows >= self.length:
+            return self
+        done = self.terminated[:rows] | self.truncated[:rows]
+        return FragmentData(self.obs[:rows + 1], {k: v[:rows] for k, v in self.extras.items()}, self.reward[:rows],
+                            self.terminated[:rows], self.truncated[:rows], self.final_obs[:int(done.sum())],
+                            None if self.priorities is None else self.priorities[:rows])
+
+    def true_next_obs(self) -> torch.Tensor:
+        """``[T, N, *obs]``: the observation after each step within its episode (final_obs where one ended)."""
+        nxt = self.obs[1:].clone()
+        done = self.terminated | self.truncated
+        if self.final_obs.shape[0]:
+            nxt[done] = self.final_obs.to(nxt.dtype)
+        return nxt
+
+    def boundary_truncated(self) -> torch.Tensor:
+        """``truncated`` with the fragment's last step marked: the learner bootstraps there."""
+        trunc = self.truncated.clone()
+        trunc[-1] = True
+        return trunc
+
+    def steps(self):
+        """``(obs, extras, reward, terminated, truncated, final_obs, next_obs)`` per step, as ``observe`` takes them."""
+        final = self.true_next_obs()
+        trunc = self.boundary_truncated()
+        for t in range(self.length):
+            extras = {k: v[t] for k, v in self.extras.items()}
+            yield self.obs[t], extras, self.reward[t], self.terminated[t], trunc[t], final[t], self.obs[t + 1]
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.obs, self.reward, self.terminated, self.truncated, self.final_obs, *self.extras.values()]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+# ---------------------------------------------------------------------------
+# Observation-normalizer statistics: what a worker saw since its last report.
+
+
+def normalizers(module: torch.nn.Module) -> list[RunningNormalizer]:
+    """Every running normalizer in ``module``, in a fixed (registration) order."""
+    return [m for m in module.modules() if isinstance(m, RunningNormalizer)]
+
+
+class NormalizerTap:
+    """Folds every batch a normalizer folds into a second, delta normalizer as well, so a
+    worker can report the count, mean and variance of what it saw since its last report.
+    The learner merges those deltas (``RunningNormalizer.merge``, exact) and broadcasts the
+    result, so every worker and every checkpoint holds the same statistics."""
+
+    def __init__(self, norm: RunningNormalizer):
+        self.norm = norm
+        self.delta = RunningNormalizer(tuple(norm.mean.shape), enabled=True).to(norm.mean.device)
+        self.delta.count.zero_()
+        inner = norm._update
+
+        def _update(x: torch.Tensor) -> None:
+            inner(x)
+            self.delta._update(x)
+
+        norm._update = _update  # an instance attribute: the module class is untouched
+
+    def take(self) -> tuple[float, torch.Tensor, torch.Tensor]:
+        d = self.delta
+        out = (float(d.count), d.mean.clone(), d.var.clone())
+        d.count.zero_()
+        d.mean.zero_()
+        d.var.fill_(1.0)
+        return out
+
+
+def merge_deltas(module: torch.nn.Module, deltas: list) -> None:
+    """Merge one worker's normalizer deltas into ``module``'s normalizers (same order)."""
+    for norm, (count, mean, var) in zip(normalizers(module), deltas):
+        if norm.enabled and count > 0:
+            norm.merge(torch.tensor(count, dtype=torch.float64), mean, var)
+
+
+# ---------------------------------------------------------------------------
+# What crosses to collectors: the acting part of an algorithm's state.
+
+
+def collector_state(algo) -> dict[str, torch.Tensor]:
+    """The state a collector needs to act (default: the actor's ``state_dict``, normalizer
+    included), on the CPU. An algorithm may define ``collector_state()`` to send more (Ape-X
+    collectors also score their transitions with the critic)."""
+    state = algo.collector_state() if hasattr(algo, "collector_state") else algo.actor.state_dict()
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+def load_collector_state(algo, state: dict) -> None:
+    if hasattr(algo, "load_collector_state"):
+        algo.load_collector_state(state)
+    else:
+        algo.actor.load_state_dict(state)
+
+
+def state_nbytes(state: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def fragment_length(algo_cfg: Any) -> int:
+    """Steps per env in a fragment: a rollout algorithm's ``n_steps``, an off-policy one's
+    ``rollout_fragment`` (Ape-X), else 64."""
+    if hasattr(algo_cfg, "n_steps"):
+        return int(algo_cfg.n_steps)
+    return int(getattr(algo_cfg, "rollout_fragment", 64))
+
+
+def _add_paths(paths: list[str]) -> None:
+    """Let a worker import what the driver could (``module:callable`` envs, test helpers)."""
+    for p in reversed(paths):
+        if p and p not in sys.path and os.path.isdir(p):
+            sys.path.insert(0, p)
+
+
+def driver_paths() -> list[str]:
+    return [os.getcwd()] + [p for p in sys.path if p]
+
+
+def portable_env_spec(spec: Any) -> Any:
+    """``file.py:Name`` with a relative path becomes absolute, so a worker whose working
+    directory differs still finds the file."""
+    if isinstance(spec, str) and ":" in spec:
+        target, _, attr = spec.rpartition(":")
+        if target.endswith(".py") and not os.path.isabs(target):
+            return f"{os.path.abspath(target)}:{attr}"
+    return spec
+
+
+class Collector:
+    """A vector env plus a copy of the algorithm that only acts.
+
+    Built from picklable inputs (the run config, the env spec), so a Ray worker on any node
+    builds its own. ``collect`` loads the broadcast parameters when their version is new,
+    steps ``T`` times and returns ``(FragmentMeta, FragmentData)``.
+    """
+
+    def __init__(self, cfg, env_spec: Any, index: int, num_workers: int, generation: int = 0,
+                 paths: list[str] | None = None, env_state: dict | None = None, obs: torch.Tensor | None = None,
+                 threads: int = 1):
+        _add_paths(paths or [])
+        torch.set_num_threads(max(1, threads))
+        from corral.algos import get_algo
+        from corral.envs import make_vec_env
+
+        self.cfg, self.index, self.num_workers, self.generation = cfg, index, num_workers, generation
+        self.device = torch.device("cpu")
+        # Every (slot, generation) pair gets its own streams: a restarted collector does not
+        # replay the episodes of the one it replaces.
+        self.rng = RNGStreams(cfg.seed, self.device, worker=1 + index + num_workers * generation)
+        self.env = make_vec_env(env_spec, cfg.env.num_envs, cfg.env.kwargs, self.device, cfg.env.backend)
+        spec = get_algo(cfg.algo)
+        algo_cfg = cfg.algo_cfg
+        if hasattr(algo_cfg, "buffer_size"):
+            # A collector never stores transitions: the smallest replay its algorithm accepts.
+            algo_cfg = dataclasses.replace(algo_cfg, buffer_size=(getattr(algo_cfg, "n_step", 1) + 2) * cfg.env.num_envs)
+        self.algo = spec.cls(algo_cfg, self.env.single_observation_space, self.env.single_action_space,
+                             self.env.num_envs, self.device, self.rng)
+        self.algo.total_steps = cfg.steps
+        if hasattr(self.algo, "set_worker"):
+            self.algo.set_worker(index, num_workers)
+        self.taps = [NormalizerTap(n) for n in normalizers(self.algo.actor)]
+        self.version = -1
+        self.length = fragment_length(cfg.algo_cfg)
+        self.obs = self.env.reset(seed=self.rng.env_seed())
+        # (reset first: Gymnasium's env checker refuses a step before the first reset)
+        if env_state is not None and obs is not None and self.env.load_state_dict(env_state):
+            self.obs = obs.to(self.device)  # continue the learner's episodes exactly
+
+    def spaces(self):
+        return self.env.single_observation_space, self.env.single_action_space
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def collect(self, params: dict | None, version: int, env_steps: int = 0):
+        t0 = time.perf_counter()
+        algo, env = self.algo, self.env
+        if params is not None and version != self.version:
+            load_collector_state(algo, params)
+            self.version = version
+        if hasattr(algo, "env_steps"):
+            algo.env_steps = int(env_steps)  # schedules (epsilon, warm-up) follow the whole run
+        T, N = self.length, env.num_envs
+        obs = self.obs
+        obs_buf = torch.empty((T + 1, *obs.shape), dtype=obs.dtype)
+        rew = torch.empty((T, N), dtype=torch.float32)
+        term = torch.empty((T, N), dtype=torch.bool)
+        trunc = torch.empty((T, N), dtype=torch.bool)
+        extras_steps: list[dict] = []
+        finals: list[torch.Tensor] = []
+        episodes: list[tuple[int, float, int]] = []
+        with torch.no_grad():
+            for t in range(T):
+                obs_buf[t] = obs
+                env_action, extras = algo.explore(obs)
+                next_obs, reward, terminated, truncated, info = env.step(env_action)
+                rew[t], term[t], trunc[t] = reward, terminated, truncated
+                extras_steps.append(extras)
+                done = terminated | truncated
+                if done.any():
+                    finals.append(info["final_obs"][done])
+                    for r, n_ in zip(info["episode_return"][done].tolist(), info["episode_length"][done].tolist()):
+                        episodes.append((t, r, int(n_)))
+                obs = next_obs
+        obs_buf[T] = obs
+        self.obs = obs
+        extras = {k: torch.stack([e[k] for e in extras_steps]) for k in extras_steps[0]}
+        final = torch.cat(finals) if finals else obs_buf.new_empty((0, *obs.shape[1:]))
+        data = FragmentData(obs_buf, extras, rew, term, trunc, final)
+        if hasattr(algo, "initial_priorities"):
+            with torch.no_grad():
+                data.priorities = algo.initial_priorities(data)
+        meta = FragmentMeta(self.index, self.generation, version, T * N, time.perf_counter() - t0, episodes,
+                            [tap.take() for tap in self.taps])
+        return meta, data
+
+    def close(self) -> None:
+        self.env.close()

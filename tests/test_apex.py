@@ -1,0 +1,137 @@
+"""Ape-X: the exploration ladders, collector priorities that use the replay's own n-step
+targets, the replay server, the BipedalWalkerHardcore preset, and Ape-X DQN learning
+CartPole with two Ray collectors."""
+
+import json
+
+import pytest
+import torch
+
+import corral
+from corral.algos.apex import ApexTD3, ladder, nstep_window
+from corral.cli import main
+from corral.schemes.base import FragmentScheme
+from corral.schemes.collector import Collector, driver_paths
+from corral.schemes.replay_server import ReplayServer
+from corral.storage.replay import ReplayBuffer
+from corral.train.learner import Learner, build_config
+
+QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    return ray
+
+
+def collector(algo, env, index=0, workers=1, **overrides):
+    cfg = build_config(algo, env, overrides={**QUIET, **overrides})
+    return Collector(cfg, env, index, workers, paths=driver_paths())
+
+
+def test_epsilon_ladder_is_the_papers_over_every_env_of_every_collector():
+    eps = torch.cat([collector("apex_dqn", "CartPole-v1", k, 3, **{"env.num_envs": 2}).algo.epsilon
+                     for k in range(3)])
+    i = torch.arange(6, dtype=torch.float64)
+    torch.testing.assert_close(eps, (0.4 ** (1 + 7 * i / 5)).float())
+
+
+def test_noise_ladder_runs_geometrically_from_noise_max_to_noise_min():
+    torch.testing.assert_close(ladder(0.5, 0.05, 3, "cpu"), torch.tensor([0.5, 0.5 * 0.1 ** 0.5, 0.05]))
+    c = collector("apex_ddpg", "Pendulum-v1", 1, 2, **{"env.num_envs": 2})
+    torch.testing.assert_close(c.algo.env_ladder(0.5, 0.05), ladder(0.5, 0.05, 4, "cpu")[2:])
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_collector_priority_targets_are_the_replay_buffers_targets(n_step):
+    c = collector("apex_dqn", "CartPole-v1", **{"env.num_envs": 3, "apex_dqn.n_step": n_step,
+                                               "apex_dqn.rollout_fragment": 50, "apex_dqn.learning_starts": 0})
+    _, data = c.collect(None, 0)
+    assert (data.terminated | data.truncated).any()
+    ret, next_obs, discount = nstep_window(data, 0.99, n_step)
+    server = ReplayServer(c.algo.cfg, 3, c.algo.obs_space, c.algo.act_space, seed=0)
+    server.buffer = ReplayBuffer(1000, 3, c.algo.obs_space, c.algo.act_space, n_step=n_step, gamma=0.99)
+    server.add(data)
+    batch = server.buffer.sample(4000)
+    t, e = batch.indices // 3, batch.indices % 3
+    torch.testing.assert_close(batch.reward, ret[t, e])
+    torch.testing.assert_close(batch.discount, discount[t, e])
+    torch.testing.assert_close(batch.next_obs, next_obs[t, e])
+    assert data.priorities.shape == (50, 3) and bool((data.priorities >= 0).all())
+
+
+def test_apex_ddpg_scores_transitions_with_the_broadcast_critic():
+    c = collector("apex_ddpg", "Pendulum-v1", **{"env.num_envs": 2, "apex_ddpg.learning_starts": 0})
+    learner_algo = ApexTD3(c.algo.cfg, c.algo.obs_space, c.algo.act_space, 2, torch.device("cpu"), c.rng)
+    with torch.no_grad():
+        for p in learner_algo.critics.parameters():
+            p.add_(0.3)
+    from corral.schemes.collector import collector_state
+
+    _, data = c.collect(collector_state(learner_algo), 1)
+    for k, v in learner_algo.critics.state_dict().items():
+        assert torch.equal(c.algo.critics.state_dict()[k], v), k
+    assert data.priorities.shape == (64, 2)
+
+
+def test_apex_dqn_runs_in_process_through_the_cli(tmp_path, capsys):
+    assert main(["train", "apex_dqn", "CartPole-v1", "--steps", "2000", "--run-dir", str(tmp_path / "r"), "--json",
+                 "--set", "tensorboard=false", "--set", "eval.episodes=1", "--set", "learning_starts=500"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["env_steps"] == 2000
+
+
+def test_replay_server_loop_keeps_every_transition_and_the_in_process_replay_ratio():
+    over = {**QUIET, "learning_starts": 512, "train_freq": 16, "gradient_steps": 2, "hidden": [16]}
+    local = Learner(build_config("apex_dqn", "CartPole-v1", steps=4096, overrides=over), None, quiet=True)
+    local.train()
+    L = Learner(build_config("apex_dqn", "CartPole-v1", steps=4096, overrides={**over, "scheme.collectors": 2}),
+                None, quiet=True)
+    scheme = FragmentScheme(L)  # the replay server in this process
+    L.make_stream = scheme.stream
+    L.train()
+    assert L.env_steps == 4096 and len(L.algo.replay) == 4096  # back in the learner after the run
+    assert L.algo.grad_steps == local.algo.grad_steps == 2 * (1024 // 16 - 127 // 16)
+
+
+def test_bipedal_walker_hardcore_preset_is_the_issues_setting():
+    cfg = build_config("apex_ddpg", "BipedalWalkerHardcore-v3")
+    a = cfg.algo_cfg
+    assert (cfg.scheme.collectors, cfg.env.num_envs, cfg.scheme.collect) == (30, 30, "async")
+    assert a.hidden == (200, 200) and a.activation == "relu" and a.lr == 1e-4 and a.tau == 0.005
+    assert (a.target_noise, a.target_noise_clip, a.batch_size, a.buffer_size) == (0.3, 0.5, 128, 500_000)
+    assert (a.rollout_fragment, a.n_step, a.normalize_obs, a.n_critics) == (64, 1, True, 1)
+
+
+def test_apex_ddpg_runs_scaled_down_on_bipedal_walker_hardcore(ray_local, tmp_path):
+    pytest.importorskip("Box2D")
+    agent = corral.train("apex_ddpg", "BipedalWalkerHardcore-v3", steps=2048, seed=0, run_dir=str(tmp_path / "r"),
+                         **{"scheme.collectors": 2, "env.num_envs": 2, "buffer_size": 10_000, "learning_starts": 512,
+                            "hidden": [32, 32], "rollout_fragment": 32, "eval.episodes": 0, "tensorboard": False})
+    assert agent.summary["env_steps"] == 2048
+    state = torch.load(tmp_path / "r" / "checkpoints" / "latest.pt", weights_only=True)
+    assert state["algo"]["replay"]["steps"] * 2 == 2048  # the replay server's content is in the checkpoint
+    assert state["algo"]["actor"]["enc.norm.count"] == 2048  # normalizer statistics from both collectors
+
+
+@pytest.mark.slow
+def test_apex_dqn_with_two_ray_collectors_learns_cartpole(ray_local, tmp_path):
+    # The apex_dqn CartPole preset: 30k steps, 2 collectors x 4 envs. The best of six
+    # evaluations must clear 150 (random play: ~20). Measured on a 2-core machine shared with
+    # other jobs: best 194-469 over three runs, in 60-115 s; Ray timing makes runs differ.
+    corral.train("apex_dqn", "CartPole-v1", seed=0, run_dir=str(tmp_path / "r"),
+                 **{"scheme.collectors": 2, "eval.every": 5000, "eval.episodes": 5, "tensorboard": False})
+    best = corral.load(tmp_path / "r")
+    assert corral.evaluate(best, "CartPole-v1", episodes=10, seed=123)["mean_return"] >= 150
+
+
+@pytest.mark.slow
+def test_apex_ddpg_with_two_ray_collectors_learns_pendulum(ray_local):
+    # The apex_ddpg Pendulum preset (20k steps, 2 collectors x 2 envs). Measured here: eval
+    # -136 with Ray in 150 s, -134 in-process in 52 s (random play: about -1200).
+    agent = corral.train("apex_ddpg", "Pendulum-v1", seed=0, save_run=False,
+                         **{"scheme.collectors": 2, "eval.episodes": 0, "tensorboard": False})
+    assert corral.evaluate(agent, "Pendulum-v1", episodes=10, seed=123)["mean_return"] >= -400

@@ -1,0 +1,97 @@
+"""IMPALA / APPO: V-trace on on-policy data, the CLI, exact resume, the APPO preset, and
+learning CartPole with two asynchronous Ray collectors."""
+
+import json
+
+import pytest
+import torch
+
+import corral
+from corral.algos.impala import IMPALA
+from corral.cli import main
+from corral.schemes.base import FragmentScheme
+from corral.train.learner import Learner, build_config
+
+QUIET = ["--set", "tensorboard=false", "--set", "eval.episodes=1"]
+FAST = {"n_steps": 16, "env.num_envs": 4, "tensorboard": False, "progress": False, "eval.episodes": 0}
+
+
+def params(algo):
+    return torch.cat([p.detach().flatten() for p in algo.actor.parameters()])
+
+
+def filled(**overrides):
+    cfg = build_config("impala", "CartPole-v1", overrides={**FAST, **overrides})
+    L = Learner(cfg, None, quiet=True)
+    algo, env, obs = L.algo, L.env, L.obs
+    with torch.no_grad():
+        while not algo.ready():
+            a, ex = algo.explore(obs)
+            nxt, r, te, tr, info = env.step(a)
+            algo.observe(obs, ex, r, te, tr, info["final_obs"], nxt)
+            obs = nxt
+    return L
+
+
+def test_impala_runs_through_the_cli(tmp_path, capsys):
+    assert main(["train", "impala", "CartPole-v1", "--steps", "512", "--run-dir", str(tmp_path / "r"), "--json",
+                 *QUIET]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["env_steps"] == 512
+
+
+def test_on_policy_data_has_importance_weights_of_one():
+    L = filled()
+    stats = L.algo.update(0.0)
+    assert stats["rho_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["rho_clipfrac"] == 0.0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_stale_behaviour_log_probs_are_clipped_by_rho_bar():
+    L = filled(**{"impala.rho_bar": 1.0})
+    L.algo.storage.data.log_probs -= 0.5  # as if mu gave these actions less probability than pi does
+    stats = L.algo.update(0.0)
+    assert stats["rho_mean"] == pytest.approx(float(torch.tensor(0.5).exp()), rel=1e-5)
+    assert stats["rho_clipfrac"] == 1.0
+
+
+def test_trained_2n_equals_trained_n_then_resumed_to_2n_bit_for_bit(tmp_path):
+    n = 16 * 4 * 5
+    a = Learner(build_config("impala", "CartPole-v1", steps=2 * n, seed=3, overrides=FAST), None, quiet=True)
+    a.train()
+    b = Learner(build_config("impala", "CartPole-v1", steps=n, seed=3, overrides=FAST), None, quiet=True)
+    b.train()
+    state = b.state_dict()
+    c = Learner(build_config("impala", "CartPole-v1", steps=2 * n, seed=3, overrides=FAST), None, quiet=True)
+    c.load_state_dict(state)
+    c.train()
+    assert torch.equal(params(a.algo), params(c.algo))
+
+
+def test_appo_is_impala_with_the_clipped_surrogate():
+    cfg = build_config("appo", "CartPole-v1")
+    assert cfg.algo_cfg.surrogate and cfg.algo_cfg.n_epochs == 4
+    assert cfg.algo_cfg.n_steps == 32 and cfg.scheme.collect == "async"  # the impala preset, reused
+
+
+def test_appo_with_fragments_from_collectors_in_process():
+    cfg = build_config("appo", "CartPole-v1", steps=2048, overrides={**FAST, "scheme.collectors": 2})
+    L = Learner(cfg, None, quiet=True)
+    scheme = FragmentScheme(L)
+    L.make_stream = scheme.stream
+    summary = L.train()
+    assert summary["env_steps"] == 2048 and isinstance(L.algo, IMPALA)
+    assert L.algo.storage.num_steps == 2 * 16  # a batch holds one fragment per collector
+    assert L.last_metrics["policy_lag"] >= 0
+
+
+def test_impala_with_two_async_ray_collectors_solves_cartpole(tmp_path):
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    corral.train("impala", "CartPole-v1", steps=100_000, seed=0, run_dir=str(tmp_path / "r"),
+                 **{"scheme.collectors": 2, "eval.every": 10_000, "eval.episodes": 5, "tensorboard": False})
+    lags = [json.loads(line).get("policy_lag") for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert any(lag is not None and lag > 0 for lag in lags), "async collectors act with lagging parameters"
+    best = corral.load(tmp_path / "r")  # the best periodic evaluation
+    assert corral.evaluate(best, "CartPole-v1", episodes=10, seed=123)["mean_return"] >= 475
