@@ -198,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("run_dirs", nargs="+")
     pl.add_argument("--out")
     pl.set_defaults(fn=_cmd_plot)
+
+    from corral.solve import add_solve_parser
+
+    add_solve_parser(sub)
     return p
 
 
