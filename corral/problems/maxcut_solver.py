@@ -1,0 +1,259 @@
+"""Solving MaxCut with a policy trained by PPO on the instance, plus the best-cut tracker.
+
+``solve_maxcut(graph, time_limit, ...)`` with ``method``:
+
+* ``"ppo"``: train a :class:`NodePolicy` with corral's on-device PPO
+  (:class:`corral.ondevice.OnDevicePPO`) on the instance's :class:`MaxCutEnv` for
+  ``train_fraction`` of the time, then sample flips from it in all envs for the rest.
+* ``"random"``: the same search with uniform random flips instead of the policy (the
+  baseline that shows what learning adds).
+* ``"greedy"``: multi-start steepest-ascent one-flip local search (random start, flip the
+  best positive-gain node until none is left, restart).
+
+In every method the env keeps the best cut any env has been in, restarts are the best
+assignment so far with a few random flips (``restart_flip_prob``), and the best assignment
+is finally polished by the same steepest-ascent local search.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from corral.errors import UserError
+from corral.nets import CategoricalHead
+from corral.problems.graphs import Graph
+from corral.problems.maxcut import FEATURES, MaxCutEnv, cut_value
+
+METHODS = ("ppo", "random", "greedy")
+
+
+class NodePolicy(nn.Module):
+    """A distribution over which node to flip: one small MLP scores every node from its
+    features (the same weights for all nodes, so they do not depend on the graph's size),
+    and a softmax over the graph picks one. The value is a small MLP of graph-level
+    summaries (the mean of each feature and the largest gain).
+
+    Same interface as ``corral.actors.ActorCritic`` where ``OnDevicePPO`` needs it; ``act``
+    samples without the value pass. Observations are node-major ``[B, n, F]`` so that the
+    MLP is one ``[B * n, F] x [F, H]`` matrix product.
+    """
+
+    discrete = True
+
+    def __init__(self, num_nodes: int, num_features: int = len(FEATURES), hidden: int = 16):
+        super().__init__()
+        self.obs_shape = (num_nodes, num_features)
+        self.act_shape = ()
+        self.score = nn.Sequential(nn.Linear(num_features, hidden), nn.ReLU())
+        self.out = nn.Linear(hidden, 1, bias=False)  # a bias would cancel in the softmax
+        nn.init.orthogonal_(self.score[0].weight, math.sqrt(2))
+        nn.init.zeros_(self.score[0].bias)
+        nn.init.orthogonal_(self.out.weight, 0.01)  # near-uniform first policy: random flips
+        self.value_net = nn.Sequential(nn.Linear(num_features + 1, 32), nn.Tanh(), nn.Linear(32, 1))
+        self.head = CategoricalHead()
+
+    def stored_obs(self):
+        return self.obs_shape, torch.float32
+
+    def stored_action(self):
+        return (), torch.long
+
+    def normalize(self, obs: torch.Tensor, update: bool = False) -> torch.Tensor:
+        return obs  # features are scaled by the env
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.score(x)).squeeze(-1)  # [B, n]
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        summary = torch.cat([x.mean(-2), x[..., 0].amax(-1, keepdim=True)], -1)
+        return self.value_net(summary).squeeze(-1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head(self.logits(x)), self.value(x)
+
+    def evaluate_actions(self, x, action):
+        params, value = self.forward(x)
+        return self.head.log_prob(params, action), self.head.entropy(params), value
+
+    def to_env(self, action):
+        return action
+
+    @torch.no_grad()
+    def act(self, obs, deterministic: bool = False, generator: torch.Generator | None = None):
+        logits = self.logits(obs)
+        if deterministic:
+            return logits.argmax(-1)
+        # Inverse-CDF sampling: one exp over [B, n] and one uniform per row (Gumbel-max would
+        # draw n uniforms and take two logs of each; this is the search's hot path).
+        w = logits.sub_(logits.amax(-1, keepdim=True)).exp_().cumsum_(-1)
+        u = torch.rand(w.shape[0], 1, generator=generator, device=w.device).mul_(w[:, -1:])
+        return torch.searchsorted(w, u).squeeze(1).clamp_(max=w.shape[1] - 1)
+
+
+@torch.no_grad()
+def local_search(env: MaxCutEnv, max_steps: int | None = None, check_every: int = 16) -> int:
+    """Steepest ascent in every env: flip the node with the largest positive gain until no
+    gain is positive (a one-flip local optimum). Returns the steps taken."""
+    max_steps = max_steps or 10 * env.n
+    tol = 1e-6 * env.scale
+    for step in range(1, max_steps + 1):
+        g, k = env.gain.max(1)
+        active = g > tol
+        env.flip(k, active)
+        if step % check_every == 0 and not bool(active.any()):
+            return step
+    return max_steps
+
+
+def _greedy_rounds(env: MaxCutEnv, deadline: float, gen: torch.Generator) -> int:
+    rounds = 0
+    while time.perf_counter() < deadline:
+        env.set_assignment(torch.rand(env.num_envs, env.n, generator=gen, device=env.device) < 0.5)
+        local_search(env)
+        rounds += 1
+    return rounds
+
+
+def solve_maxcut(
+    graph: Graph,
+    time_limit: float = 60.0,
+    num_envs: int = 32,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    method: str = "ppo",
+    train_fraction: float = 0.25,
+    perturb: float = 20.0,
+    episode_length: int | None = None,
+    hidden: int = 8,
+    reward: str = "delta",
+    progress: Callable[[dict], None] | None = None,
+    ppo: dict | None = None,
+) -> dict:
+    """Search for a maximum cut of ``graph`` for about ``time_limit`` seconds.
+
+    Every method starts with steepest ascent from random assignments in all envs. Then
+    episodes restart from the best assignment so far with about ``perturb`` random flips
+    (env i uses between half and twice that) and run ``episode_length`` flips chosen by the
+    method: the PPO policy (trained during the first ``train_fraction`` of the time on these
+    same episodes), or uniform random nodes. ``"greedy"`` instead repeats steepest ascent
+    from fresh random assignments. The best assignment is finally polished by steepest ascent.
+
+    Returns ``{"cut", "assignment" (int8 0/1 [n], on CPU), "seconds", "nodes", "edges",
+    "method", "flips", "train_seconds", "history": [(seconds, best cut)], "policy"}`` (the
+    trained NodePolicy, or None). ``progress(record)`` is called about once a second with the best cut so far.
+    """
+    from corral.ondevice import OnDevicePPO, ondevice_config
+
+    if method not in METHODS:
+        raise UserError(f"unknown MaxCut method {method!r}; choose one of {', '.join(METHODS)}")
+    if not time_limit > 0:
+        raise UserError(f"the time limit must be positive, got {time_limit}")
+    if num_envs < 1:
+        raise UserError(f"the number of envs must be >= 1, got {num_envs}")
+    device = torch.device(device)
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    n, N = graph.n, num_envs
+    episode_length = episode_length or max(int(8 * perturb), n // 4)
+    flip_prob = min(0.25, perturb / n) * torch.logspace(-1, 1, N, base=2.0, device=device)
+    env = MaxCutEnv(graph, N, episode_length=episode_length, device=device, seed=seed, reward=reward)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed + 1)
+    history: list[tuple[float, float]] = []
+    flips = 0
+    train_seconds = 0.0
+    next_report = [t0 + 1.0]
+
+    def report(phase: str, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now < next_report[0]:
+            return
+        next_report[0] = now + 1.0
+        best = float(env.best_cut)  # the one host sync, about once a second
+        if not history or best > history[-1][1]:
+            history.append((round(now - t0, 3), best))
+        if progress is not None:
+            progress({"seconds": round(now - t0, 3), "cut": best, "phase": phase, "flips": flips})
+
+    def random_starts() -> None:
+        nonlocal flips
+        env.set_assignment(torch.rand(N, n, generator=gen, device=device) < 0.5)
+        flips += local_search(env) * N
+
+    random_starts()
+    report("start", force=True)
+    actor = None
+    if method == "greedy":
+        while time.perf_counter() < deadline:
+            random_starts()
+            report("greedy")
+    else:
+        env.start_from(env.best_assignment, flip_prob)
+        if method == "ppo":
+            overrides = dict(n_steps=8, batch_size=256, n_epochs=2, lr=1e-2, gamma=0.95, gae_lambda=0.9,
+                             ent_coef=0.0, normalize_reward=True, clip_range=0.2)
+            overrides.update(ppo or {})
+            cfg, _, _ = ondevice_config("maxcut", steps=1, num_envs=N, **overrides)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                actor = NodePolicy(n, hidden=hidden)
+            # Curriculum: first episodes from random assignments, where taking gains pays at once
+            # and the policy learns to climb within seconds; then the search's own episodes.
+            env.start_from(None)
+            env.max_episode_steps = min(n // 2, 512)
+            trainer = OnDevicePPO(env, cfg, seed=seed, actor=actor)  # resets the env
+            train_start = time.perf_counter()
+            train_end = t0 + train_fraction * time_limit
+            switch = train_start + (train_end - train_start) / 2
+            while time.perf_counter() < train_end:
+                if env._start is None and time.perf_counter() >= switch:
+                    env.max_episode_steps = episode_length
+                    env.start_from(env.best_assignment, flip_prob)
+                    trainer.obs = env.reset()
+                trainer.collect()
+                trainer.update(min(1.0, (time.perf_counter() - train_start) / max(train_end - train_start, 1e-9)))
+                flips += cfg.n_steps * N
+                if env._start is not None:
+                    env.start_from(env.best_assignment, flip_prob)
+                report("train")
+            env.max_episode_steps = episode_length
+            env.start_from(env.best_assignment, flip_prob)
+            train_seconds = time.perf_counter() - t0
+            obs = trainer.obs
+            actor.eval()
+        else:
+            obs = env.reset()
+        chunk = 16
+        while time.perf_counter() < deadline:
+            for _ in range(chunk):
+                if actor is None:
+                    action = torch.randint(n, (N,), generator=gen, device=device)
+                else:
+                    action = actor.act(obs, generator=gen)
+                obs = env.step(action)[0]
+            flips += chunk * N
+            env.start_from(env.best_assignment, flip_prob)  # restarts perturb the best so far
+            report(method)
+
+    # Polish: steepest ascent from the best assignment found.
+    env.set_assignment(env.best_assignment.unsqueeze(0).expand(N, n))
+    local_search(env)
+    report("polish", force=True)
+    best = env.best_assignment.to("cpu")
+    return {
+        "cut": float(cut_value(graph.to("cpu"), best)),
+        "assignment": (best > 0).to(torch.int8),
+        "seconds": round(time.perf_counter() - t0, 3),
+        "nodes": n,
+        "edges": graph.m,
+        "method": method,
+        "flips": flips,
+        "train_seconds": round(train_seconds, 3),
+        "history": history,
+        "policy": actor,
+    }
