@@ -37,10 +37,9 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from corral.actors.normalizer import RunningNormalizer
-from corral.algos.ppo import PPO, PPOConfig
+from corral.algos.ppo import PPO, STAT_NAMES, PPOConfig, ppo_loss
 from corral.errors import TrainingError, UserError
 from corral.returns import gae, rollout_next_values
 from corral.optim import FlatAdam
@@ -58,35 +57,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "Pendulum-v1": dict(num_envs=64, steps=400_000, n_steps=32, batch_size=1024, n_epochs=10, lr=1e-3,
                         gamma=0.9, gae_lambda=0.95, clip_range=0.2, ent_coef=0.0, normalize_reward=True),
 }
-
-
-def ppo_loss(actor, obs, actions, old_log_probs, old_values, adv, ret, clip: float, cfg: PPOConfig,
-             normalize_adv: bool):
-    """PPO's minibatch loss in the paper's names, as in ``corral.algos.ppo``; stats stay tensors.
-
-    Returns ``(loss, stats)`` with ``stats = [pg_loss, v_loss, entropy, approx_kl, clipfrac]``.
-    """
-    log_prob, entropy, value = actor.evaluate_actions(obs, actions)
-    logratio = log_prob - old_log_probs
-    ratio = logratio.exp()
-    if normalize_adv:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
-    if cfg.clip_range_vf is None:
-        v_loss = F.mse_loss(value, ret)
-    else:
-        v_clipped = old_values + (value - old_values).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
-        v_loss = torch.max((value - ret).square(), (v_clipped - ret).square()).mean()
-    entropy_loss = entropy.mean()
-    loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
-    with torch.no_grad():
-        approx_kl = ((ratio - 1.0) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > clip).float().mean()
-        stats = torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), approx_kl, clipfrac])
-    return loss, stats
-
-
-STAT_NAMES = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
 
 
 class OnDevicePPO:

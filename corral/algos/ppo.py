@@ -50,6 +50,34 @@ class PPOConfig:
     reward_clip: float = option(10.0, "clip scaled rewards to +-this (with normalize_reward)")
 
 
+STAT_NAMES = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+
+
+def ppo_loss(actor, obs, actions, old_log_probs, old_values, adv, ret, clip: float, cfg: PPOConfig,
+             normalize_adv: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's minibatch loss in the paper's names (the one copy: PPO.update, the on-device loop
+    and gradient workers call it). Returns ``(loss, stats)``, stats a tensor in ``STAT_NAMES``
+    order, so callers decide when to read it (a host sync)."""
+    log_prob, entropy, value = actor.evaluate_actions(obs, actions)
+    logratio = log_prob - old_log_probs
+    ratio = logratio.exp()
+    if normalize_adv:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
+    if cfg.clip_range_vf is None:
+        v_loss = F.mse_loss(value, ret)
+    else:
+        v_clipped = old_values + (value - old_values).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
+        v_loss = torch.max((value - ret).square(), (v_clipped - ret).square()).mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+    with torch.no_grad():
+        approx_kl = ((ratio - 1.0) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > clip).float().mean()
+        stats = torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), approx_kl, clipfrac])
+    return loss, stats
+
+
 class PPO(Algorithm):
     name = "ppo"
     Config = PPOConfig
@@ -144,33 +172,15 @@ class PPO(Algorithm):
                 batches = [perm[i:i + cfg.batch_size] for i in range(0, n - cfg.batch_size + 1, cfg.batch_size)]
             for idx in batches:
                 take = (lambda t: t) if idx is None else (lambda t: t[idx])  # noqa: E731
-                log_prob, entropy, value = self.actor.evaluate_actions(take(b.obs), take(b.actions))
-                logratio = log_prob - take(b.log_probs)
-                ratio = logratio.exp()
-                adv = take(adv_all)
-                if cfg.normalize_advantage and not full_batch:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
-                ret = take(ret_all)
-                if cfg.clip_range_vf is None:
-                    v_loss = F.mse_loss(value, ret)
-                else:
-                    old_v = take(b.values)
-                    v_clipped = old_v + (value - old_v).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
-                    v_loss = torch.max((value - ret).square(), (v_clipped - ret).square()).mean()
-                entropy_loss = entropy.mean()
-                loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
-
+                loss, stats = ppo_loss(self.actor, take(b.obs), take(b.actions), take(b.log_probs), take(b.values),
+                                       take(adv_all), take(ret_all), clip, cfg,
+                                       normalize_adv=cfg.normalize_advantage and not full_batch)
                 self.optimizer.zero_grad()
                 loss.backward()
                 self.optimizer.step()  # clips the global gradient norm, then Adam
-
-                with torch.no_grad():
-                    approx_kl = ((ratio - 1.0) - logratio).mean()
-                    clipfrac = ((ratio - 1.0).abs() > clip).float().mean()
-                    sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), approx_kl, clipfrac])
+                sums += stats
                 count += 1
-                if cfg.target_kl is not None and approx_kl.item() > 1.5 * cfg.target_kl:
+                if cfg.target_kl is not None and stats[3].item() > 1.5 * cfg.target_kl:
                     stop = True
                     break
             if stop:

@@ -23,37 +23,17 @@ import dataclasses
 import math
 
 import torch
-import torch.nn.functional as F
 
-from corral.algos.ppo import PPO
+from corral.algos.ppo import PPO, ppo_loss
 from corral.errors import TrainingError, UserError
 from corral.returns import gae, rollout_next_values
 from corral.rng import RNGStreams
 
 
-def ppo_loss(algo: PPO, mb: dict, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's minibatch loss (the lines of ``PPO.update``) on a dict of flat tensors whose
-    ``adv`` is already normalized; returns (loss, [pg_loss, v_loss, entropy, approx_kl, clipfrac])."""
-    cfg = algo.cfg
-    log_prob, entropy, value = algo.actor.evaluate_actions(mb["obs"], mb["actions"])
-    logratio = log_prob - mb["log_probs"]
-    ratio = logratio.exp()
-    adv = mb["adv"]
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
-    ret = mb["ret"]
-    if cfg.clip_range_vf is None:
-        v_loss = F.mse_loss(value, ret)
-    else:
-        old_v = mb["values"]
-        v_clipped = old_v + (value - old_v).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
-        v_loss = torch.max((value - ret).square(), (v_clipped - ret).square()).mean()
-    entropy_loss = entropy.mean()
-    loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
-    with torch.no_grad():
-        approx_kl = ((ratio - 1.0) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > clip).float().mean()
-        stats = torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), approx_kl, clipfrac])
-    return loss, stats
+def minibatch_loss(algo: PPO, mb: dict, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's loss on a dict of flat tensors whose ``adv`` is already normalized."""
+    return ppo_loss(algo.actor, mb["obs"], mb["actions"], mb["log_probs"], mb["values"], mb["adv"], mb["ret"],
+                    clip, algo.cfg)
 
 
 class GradientWorker:
@@ -83,7 +63,7 @@ class GradientWorker:
         if adv_stats is not None:
             mean, std = adv_stats
             mb = {**mb, "adv": (mb["adv"] - mean) / (std + 1e-8)}
-        loss, stats = ppo_loss(self.algo, mb, clip)
+        loss, stats = minibatch_loss(self.algo, mb, clip)
         self.opt.zero_grad()
         loss.backward()
         return self.opt.grad.clone(), int(mb["adv"].shape[0]), stats
