@@ -1,7 +1,7 @@
 """``corral solve``: combinatorial problems solved with on-device RL.
 
     corral solve maxcut GRAPH_FILE [--time-limit S] [--envs N] [--seed S] [--device D]
-                                   [--method ppo|random|greedy] [--out FILE] [--json]
+                                   [--method ppo|random|greedy|tabu] [--out FILE] [--json]
 
 GRAPH_FILE is in the Gset format (a header ``n m``, then ``u v w`` lines with 1-based node
 ids). The best cut value is printed; the assignment is written to ``--out`` (default
@@ -89,9 +89,9 @@ def add_solve_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--envs", type=int, default=32, help="parallel envs (default 32)")
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    s.add_argument("--method", choices=("ppo", "random", "greedy"), default="ppo",
+    s.add_argument("--method", choices=("ppo", "random", "greedy", "tabu"), default="ppo",
                    help="ppo: learned flip policy (default); random: uniform random flips; "
-                        "greedy: multi-start steepest ascent")
+                        "greedy: multi-start steepest ascent; tabu: hand-written tabu search (reference)")
     s.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     s.add_argument("--out", help="assignment file, one 0/1 per node and line (default <graph>.cut.txt; '-': none)")
     s.add_argument("--json", action="store_true", help="end with one JSON line: cut, seconds, nodes, edges")

@@ -24,7 +24,7 @@ from corral.envs.base import EnvError
 from corral.problems.graphs import Graph
 
 FEATURES = ("gain", "recently_flipped", "below_episode_best", "degree")
-"""Per-node observation features (``obs[:, i, f]``), each scaled to order one:
+"""Per-node observation channels (``obs[:, f, i]``), each scaled to order one:
 gain of flipping the node / mean weighted degree; a flip trace (1 at a flip, decaying by
 ``exp(-1 / age_scale)`` per step); how far the env's cut is below its episode's best
 (the same for every node); the node's weighted degree / the mean."""
@@ -67,7 +67,8 @@ def brute_force_maxcut(graph: Graph, chunk: int = 1 << 16) -> tuple[float, torch
 class MaxCutEnv:
     """N copies of one MaxCut instance under the VecEnv contract (``corral.envs.base``).
 
-    * obs: float32 ``[N, n, len(FEATURES)]``, the features of each node (see ``FEATURES``).
+    * obs: float32 ``[N, len(FEATURES), n]``, feature-major: each channel (see ``FEATURES``) is
+      one contiguous row, cheap to write and read as the right operand of a matrix product.
     * action: int ``[N]``, the node to flip. reward: float32 ``[N]``, the change of the cut
       (``reward="delta"``), or the rise of the episode's best cut above its previous best
       (``reward="best"``, ECO-DQN's reward: it sums to the episode's best minus its start).
@@ -77,7 +78,8 @@ class MaxCutEnv:
     * Restarts draw a uniform random assignment, or, after :meth:`start_from`, the given
       assignment with each node flipped with probability ``flip_prob``.
     * ``best_cut`` (float64 scalar tensor) and ``best_assignment`` (float32 +-1 ``[n]``)
-      hold the best cut any env has been in since construction; ``info["cut"]`` the cuts now.
+      hold the best cut any env has been in since construction, ``env_best_cut`` /
+      ``env_best_assignment`` (``[N]``, ``[N, n]``) each env's own; ``info["cut"]`` the cuts now.
     """
 
     copyable = True
@@ -96,7 +98,7 @@ class MaxCutEnv:
         self.env_id = f"maxcut:{g.name}"
         self.reward_kind = reward
         self.max_episode_steps = int(episode_length or n)
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (n, len(FEATURES)), np.float32)
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (len(FEATURES), n), np.float32)
         self.single_action_space = gym.spaces.Discrete(n)
         nbr, nbw = g.neighbor_table()
         # Padding entries point at the node itself with weight 0: a flip adds 0 to its own gain.
@@ -118,6 +120,8 @@ class MaxCutEnv:
         self.elapsed = 0
         self.best_cut = torch.tensor(-math.inf, **f64)
         self.best_assignment = torch.ones(n, **f32)
+        self.env_best_cut = torch.full((N,), -math.inf, **f64)  # each env's own best since construction
+        self.env_best_assignment = torch.ones(N, n, **f32)
         self._start: torch.Tensor | None = None
         self._flip_prob: torch.Tensor | float = 0.0
         self._gen = torch.Generator(device=self.device)
@@ -127,14 +131,17 @@ class MaxCutEnv:
 
     # ------------------------------------------------------------------ state
     def start_from(self, assignment: torch.Tensor | None, flip_prob: float | torch.Tensor = 0.0) -> None:
-        """Future restarts begin at ``assignment`` with each node flipped with ``flip_prob``
-        (a float, or ``[N]`` per env); ``None``: uniform random assignments again."""
+        """Future restarts begin at ``assignment`` (``[n]`` for all envs, or ``[N, n]``) with each
+        node flipped with ``flip_prob`` (a float, or ``[N]`` per env); ``None``: uniform random
+        assignments again."""
         if assignment is None:
             self._start = None
-        elif self._start is None:
-            self._start = spins(assignment.to(self.device)).reshape(self.n).clone()
-        else:  # in place: the solver calls this every rollout
-            self._start.copy_(spins(assignment.reshape(self.n)))
+        else:
+            a = spins(assignment.to(self.device)).expand(self.num_envs, self.n)
+            if self._start is None:
+                self._start = a.clone()
+            else:  # in place: the solver calls this every few steps
+                self._start.copy_(a)
         p = torch.as_tensor(flip_prob, dtype=torch.float32, device=self.device)
         self._flip_prob = p.reshape(-1, 1) if p.dim() else p
 
@@ -161,17 +168,20 @@ class MaxCutEnv:
         self.cut.copy_((total_w - self.gain.double().sum(1) / 2) / 2)
 
     def _track_best(self) -> None:
+        improved = self.cut > self.env_best_cut
+        torch.maximum(self.env_best_cut, self.cut, out=self.env_best_cut)
+        self.env_best_assignment.copy_(torch.where(improved.unsqueeze(1), self.s, self.env_best_assignment))
         cmax, arg = self.cut.max(0)
         better = cmax > self.best_cut
         self.best_cut.copy_(torch.where(better, cmax, self.best_cut))
         self.best_assignment.copy_(torch.where(better, self.s.index_select(0, arg.view(1))[0], self.best_assignment))
 
     def _observe(self) -> torch.Tensor:
-        obs = torch.empty(self.num_envs, self.n, len(FEATURES), dtype=torch.float32, device=self.device)
-        torch.mul(self.gain, 1.0 / self.scale, out=obs[..., 0])
-        obs[..., 1].copy_(self.recent)
-        obs[..., 2].copy_(((self.episode_best - self.cut) * (1.0 / self.scale)).float().unsqueeze(1).expand(-1, self.n))
-        obs[..., 3].copy_(self._degree_feature)
+        obs = torch.empty(self.num_envs, len(FEATURES), self.n, dtype=torch.float32, device=self.device)
+        torch.mul(self.gain, 1.0 / self.scale, out=obs[:, 0])
+        obs[:, 1].copy_(self.recent)
+        obs[:, 2].copy_(((self.episode_best - self.cut) * (1.0 / self.scale)).float().unsqueeze(1).expand(-1, self.n))
+        obs[:, 3].copy_(self._degree_feature)
         return obs
 
     # ------------------------------------------------------------------ VecEnv contract
@@ -261,6 +271,7 @@ class MaxCutEnv:
                 "recent": self.recent.clone(), "episode_best": self.episode_best.clone(),
                 "episode_return": self._ep_ret.clone(), "elapsed": self.elapsed,
                 "best_cut": self.best_cut.clone(), "best_assignment": self.best_assignment.clone(),
+                "env_best_cut": self.env_best_cut.clone(), "env_best_assignment": self.env_best_assignment.clone(),
                 "start": None if self._start is None else self._start.clone(),
                 "flip_prob": torch.as_tensor(self._flip_prob).clone(),
                 "rng_state": self._gen.get_state()}
@@ -277,6 +288,8 @@ class MaxCutEnv:
         self.elapsed = int(state["elapsed"])
         self.best_cut.copy_(state["best_cut"])
         self.best_assignment.copy_(state["best_assignment"])
+        self.env_best_cut.copy_(state["env_best_cut"])
+        self.env_best_assignment.copy_(state["env_best_assignment"])
         self._start = None if state["start"] is None else state["start"].to(self.device)
         self._flip_prob = torch.as_tensor(state["flip_prob"]).to(self.device)
         self._gen.set_state(state["rng_state"].cpu())

@@ -9,10 +9,11 @@
   baseline that shows what learning adds).
 * ``"greedy"``: multi-start steepest-ascent one-flip local search (random start, flip the
   best positive-gain node until none is left, restart).
+* ``"tabu"``: a hand-written reference, batched tabu search (best non-tabu flip, tenure n/10,
+  aspiration), to show how the learned policy compares with a classic heuristic.
 
-In every method the env keeps the best cut any env has been in, restarts are the best
-assignment so far with a few random flips (``restart_flip_prob``), and the best assignment
-is finally polished by the same steepest-ascent local search.
+In every method the env keeps the best cut any env has been in, and the best assignment is
+finally polished by the same steepest-ascent local search.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from corral.nets import CategoricalHead
 from corral.problems.graphs import Graph
 from corral.problems.maxcut import FEATURES, MaxCutEnv, cut_value
 
-METHODS = ("ppo", "random", "greedy")
+METHODS = ("ppo", "random", "greedy", "tabu")
 
 
 class NodePolicy(nn.Module):
@@ -39,15 +40,14 @@ class NodePolicy(nn.Module):
     summaries (the mean of each feature and the largest gain).
 
     Same interface as ``corral.actors.ActorCritic`` where ``OnDevicePPO`` needs it; ``act``
-    samples without the value pass. Observations are node-major ``[B, n, F]`` so that the
-    MLP is one ``[B * n, F] x [F, H]`` matrix product.
+    samples without the value pass.
     """
 
     discrete = True
 
     def __init__(self, num_nodes: int, num_features: int = len(FEATURES), hidden: int = 16):
         super().__init__()
-        self.obs_shape = (num_nodes, num_features)
+        self.obs_shape = (num_features, num_nodes)
         self.act_shape = ()
         self.score = nn.Sequential(nn.Linear(num_features, hidden), nn.ReLU())
         self.out = nn.Linear(hidden, 1, bias=False)  # a bias would cancel in the softmax
@@ -67,10 +67,16 @@ class NodePolicy(nn.Module):
         return obs  # features are scaled by the env
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.score(x)).squeeze(-1)  # [B, n]
+        """``[B, n]`` node scores from feature-major ``x [B, F, n]``: ``bmm`` with the weights
+        expanded over the batch is 3-4x faster on CPU, forward and backward, than ``nn.Linear``
+        on node-major ``[B * n, F]`` (inner dimension F = 4) or ``matmul``'s broadcasting."""
+        lin, B = self.score[0], x.shape[0]
+        h = lin.weight.shape[0]
+        z = torch.bmm(lin.weight.expand(B, -1, -1), x).add_(lin.bias.view(1, h, 1))
+        return torch.bmm(self.out.weight.expand(B, -1, -1), torch.relu_(z)).squeeze(-2)
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
-        summary = torch.cat([x.mean(-2), x[..., 0].amax(-1, keepdim=True)], -1)
+        summary = torch.cat([x.mean(-1), x[:, 0].amax(-1, keepdim=True)], -1)
         return self.value_net(summary).squeeze(-1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,13 +116,29 @@ def local_search(env: MaxCutEnv, max_steps: int | None = None, check_every: int 
     return max_steps
 
 
-def _greedy_rounds(env: MaxCutEnv, deadline: float, gen: torch.Generator) -> int:
-    rounds = 0
+@torch.no_grad()
+def _tabu_search(env: MaxCutEnv, deadline: float, gen: torch.Generator, report, chunk: int = 16) -> int:
+    """A hand-written reference, not learned: batched tabu search. Each env flips its best
+    non-tabu node (ties broken at random); a node flipped in the last ``tenure`` steps is
+    tabu unless flipping it would beat the env's own best cut (aspiration)."""
+    N, n = env.num_envs, env.n
+    tenure = max(10, n // 10)
+    last = torch.full((N, n), -(10**9), dtype=torch.long, device=env.device)
+    env.env_best_cut.copy_(env.cut)
+    rows = torch.arange(N, device=env.device)
+    step = 0
     while time.perf_counter() < deadline:
-        env.set_assignment(torch.rand(env.num_envs, env.n, generator=gen, device=env.device) < 0.5)
-        local_search(env)
-        rounds += 1
-    return rounds
+        for _ in range(chunk):
+            gain = env.gain
+            tabu = last > step - tenure
+            aspire = (env.cut.unsqueeze(1) + gain) > env.env_best_cut.unsqueeze(1)
+            noise = torch.rand(N, n, generator=gen, device=env.device).mul_(0.5 * env.scale * 1e-3)
+            k = (gain + noise).masked_fill_(tabu & ~aspire, -math.inf).argmax(1)
+            env.flip(k)
+            last[rows, k] = step
+            step += 1
+        report("tabu")
+    return step * N
 
 
 def solve_maxcut(
@@ -131,15 +153,17 @@ def solve_maxcut(
     episode_length: int | None = None,
     hidden: int = 8,
     reward: str = "delta",
+    restart: str = "mixed",
     progress: Callable[[dict], None] | None = None,
     ppo: dict | None = None,
 ) -> dict:
     """Search for a maximum cut of ``graph`` for about ``time_limit`` seconds.
 
     Every method starts with steepest ascent from random assignments in all envs. Then
-    episodes restart from the best assignment so far with about ``perturb`` random flips
-    (env i uses between half and twice that) and run ``episode_length`` flips chosen by the
-    method: the PPO policy (trained during the first ``train_fraction`` of the time on these
+    episodes restart with about ``perturb`` random flips (env i uses between half and twice
+    that) from the best assignment so far (``restart="best"``), from the env's own best
+    (``"own"``), or half the envs each way (``"mixed"``, the default), and run
+    ``episode_length`` flips (default n/2) chosen by the method: the PPO policy (trained during the first ``train_fraction`` of the time on these
     same episodes), or uniform random nodes. ``"greedy"`` instead repeats steepest ascent
     from fresh random assignments. The best assignment is finally polished by steepest ascent.
 
@@ -159,7 +183,9 @@ def solve_maxcut(
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     n, N = graph.n, num_envs
-    episode_length = episode_length or max(int(8 * perturb), n // 4)
+    episode_length = episode_length or max(int(8 * perturb), n // 2)
+    if restart not in ("best", "own", "mixed"):
+        raise UserError(f"restart must be 'best', 'own' or 'mixed', got {restart!r}")
     flip_prob = min(0.25, perturb / n) * torch.logspace(-1, 1, N, base=2.0, device=device)
     env = MaxCutEnv(graph, N, episode_length=episode_length, device=device, seed=seed, reward=reward)
     gen = torch.Generator(device=device)
@@ -185,6 +211,15 @@ def solve_maxcut(
         env.set_assignment(torch.rand(N, n, generator=gen, device=device) < 0.5)
         flips += local_search(env) * N
 
+    own = torch.arange(N, device=device) % 2 == 1  # "mixed": odd envs restart from their own best
+
+    def restart_point() -> torch.Tensor:
+        if restart == "best":
+            return env.best_assignment
+        if restart == "own":
+            return env.env_best_assignment
+        return torch.where(own.unsqueeze(1), env.env_best_assignment, env.best_assignment)
+
     random_starts()
     report("start", force=True)
     actor = None
@@ -192,8 +227,10 @@ def solve_maxcut(
         while time.perf_counter() < deadline:
             random_starts()
             report("greedy")
+    elif method == "tabu":
+        flips += _tabu_search(env, deadline, gen, report)
     else:
-        env.start_from(env.best_assignment, flip_prob)
+        env.start_from(restart_point(), flip_prob)
         if method == "ppo":
             overrides = dict(n_steps=8, batch_size=256, n_epochs=2, lr=1e-2, gamma=0.95, gae_lambda=0.9,
                              ent_coef=0.0, normalize_reward=True, clip_range=0.2)
@@ -213,16 +250,16 @@ def solve_maxcut(
             while time.perf_counter() < train_end:
                 if env._start is None and time.perf_counter() >= switch:
                     env.max_episode_steps = episode_length
-                    env.start_from(env.best_assignment, flip_prob)
+                    env.start_from(restart_point(), flip_prob)
                     trainer.obs = env.reset()
                 trainer.collect()
                 trainer.update(min(1.0, (time.perf_counter() - train_start) / max(train_end - train_start, 1e-9)))
                 flips += cfg.n_steps * N
                 if env._start is not None:
-                    env.start_from(env.best_assignment, flip_prob)
+                    env.start_from(restart_point(), flip_prob)
                 report("train")
             env.max_episode_steps = episode_length
-            env.start_from(env.best_assignment, flip_prob)
+            env.start_from(restart_point(), flip_prob)
             train_seconds = time.perf_counter() - t0
             obs = trainer.obs
             actor.eval()
@@ -237,7 +274,7 @@ def solve_maxcut(
                     action = actor.act(obs, generator=gen)
                 obs = env.step(action)[0]
             flips += chunk * N
-            env.start_from(env.best_assignment, flip_prob)  # restarts perturb the best so far
+            env.start_from(restart_point(), flip_prob)  # restarts perturb the best so far
             report(method)
 
     # Polish: steepest ascent from the best assignment found.
