@@ -145,6 +145,11 @@ class MaxCutEnv:
         p = torch.as_tensor(flip_prob, dtype=torch.float32, device=self.device)
         self._flip_prob = p.reshape(-1, 1) if p.dim() else p
 
+    @property
+    def starts_random(self) -> bool:
+        """True while restarts draw uniform random assignments (no :meth:`start_from` point)."""
+        return self._start is None
+
     def _draw(self) -> torch.Tensor:
         shape = (self.num_envs, self.n)
         if self._start is None:
@@ -299,4 +304,5 @@ class MaxCutEnv:
         """Nothing to release."""
 
     def __repr__(self) -> str:
-        return f"MaxCutEnv({self.graph.name}: n={self.n}, m={self.graph.m}, num_envs={self.num_envs}, device={self.device})"
+        return (f"MaxCutEnv({self.graph.name}: n={self.n}, m={self.graph.m}, "
+                f"num_envs={self.num_envs}, device={self.device})")

@@ -159,17 +159,20 @@ def solve_maxcut(
 ) -> dict:
     """Search for a maximum cut of ``graph`` for about ``time_limit`` seconds.
 
-    Every method starts with steepest ascent from random assignments in all envs. Then
-    episodes restart with about ``perturb`` random flips (env i uses between half and twice
-    that) from the best assignment so far (``restart="best"``), from the env's own best
-    (``"own"``), or half the envs each way (``"mixed"``, the default), and run
-    ``episode_length`` flips (default n/2) chosen by the method: the PPO policy (trained during the first ``train_fraction`` of the time on these
-    same episodes), or uniform random nodes. ``"greedy"`` instead repeats steepest ascent
-    from fresh random assignments. The best assignment is finally polished by steepest ascent.
+    Every method starts with steepest ascent from random assignments in all envs. For
+    ``"ppo"`` and ``"random"``, episodes then restart with about ``perturb`` random flips
+    (env i uses between half and twice that) from the best assignment so far
+    (``restart="best"``), from the env's own best (``"own"``), or half the envs each way
+    (``"mixed"``, the default), and run ``episode_length`` flips (default n/2) chosen by the
+    PPO policy or uniformly at random. The policy trains during the first ``train_fraction``
+    of the time: half of that on episodes from random assignments, then on the search's own.
+    ``"greedy"`` repeats steepest ascent from fresh random assignments; ``"tabu"`` runs the
+    hand-written tabu search. The best assignment is finally polished by steepest ascent.
 
     Returns ``{"cut", "assignment" (int8 0/1 [n], on CPU), "seconds", "nodes", "edges",
-    "method", "flips", "train_seconds", "history": [(seconds, best cut)], "policy"}`` (the
-    trained NodePolicy, or None). ``progress(record)`` is called about once a second with the best cut so far.
+    "method", "flips", "train_seconds", "history": [(seconds, best cut)], "policy"}``
+    (``policy``: the trained NodePolicy, or None). ``progress(record)`` is called about once
+    a second with the best cut so far.
     """
     from corral.ondevice import OnDevicePPO, ondevice_config
 
@@ -230,7 +233,6 @@ def solve_maxcut(
     elif method == "tabu":
         flips += _tabu_search(env, deadline, gen, report)
     else:
-        env.start_from(restart_point(), flip_prob)
         if method == "ppo":
             overrides = dict(n_steps=8, batch_size=256, n_epochs=2, lr=1e-2, gamma=0.95, gae_lambda=0.9,
                              ent_coef=0.0, normalize_reward=True, clip_range=0.2)
@@ -242,28 +244,30 @@ def solve_maxcut(
             # Curriculum: first episodes from random assignments, where taking gains pays at once
             # and the policy learns to climb within seconds; then the search's own episodes.
             env.start_from(None)
-            env.max_episode_steps = min(n // 2, 512)
+            env.max_episode_steps = max(16, min(n // 2, 512))
             trainer = OnDevicePPO(env, cfg, seed=seed, actor=actor)  # resets the env
             train_start = time.perf_counter()
             train_end = t0 + train_fraction * time_limit
             switch = train_start + (train_end - train_start) / 2
             while time.perf_counter() < train_end:
-                if env._start is None and time.perf_counter() >= switch:
+                if env.starts_random and time.perf_counter() >= switch:
                     env.max_episode_steps = episode_length
                     env.start_from(restart_point(), flip_prob)
                     trainer.obs = env.reset()
                 trainer.collect()
-                trainer.update(min(1.0, (time.perf_counter() - train_start) / max(train_end - train_start, 1e-9)))
+                progress_frac = (time.perf_counter() - train_start) / max(train_end - train_start, 1e-9)
+                trainer.update(min(1.0, progress_frac))
                 flips += cfg.n_steps * N
-                if env._start is not None:
+                if not env.starts_random:
                     env.start_from(restart_point(), flip_prob)
                 report("train")
             env.max_episode_steps = episode_length
             env.start_from(restart_point(), flip_prob)
-            train_seconds = time.perf_counter() - t0
+            train_seconds = time.perf_counter() - train_start
             obs = trainer.obs
             actor.eval()
         else:
+            env.start_from(restart_point(), flip_prob)
             obs = env.reset()
         chunk = 16
         while time.perf_counter() < deadline:
