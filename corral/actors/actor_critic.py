@@ -147,14 +147,19 @@ class ActorCritic(nn.Module):
             return self.obs_shape, torch.uint8
         return (int(math.prod(self.obs_shape)),), torch.float32
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Distribution parameters and value for normalized observations."""
+    def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy net's raw output (masked logits / mean) and the value."""
         features = self.cnn(x) if self.cnn is not None else (self.parts(x) if self.parts is not None else x)
         out = self.body(features)
         logits = out[0]
         if self.mask_slice is not None:  # invalid actions get (numerically) zero probability
             logits = logits.masked_fill(x[:, self.mask_slice] < 0.5, -1e8)
-        return self.head(logits), out[1, :, 0]
+        return logits, out[1, :, 0]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distribution parameters and value for normalized observations."""
+        logits, value = self.outputs(x)
+        return self.head(logits), value
 
     def dist_params(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)[0]
