@@ -129,9 +129,12 @@ class ParallelMLP(nn.Module):
 
 
 def fast_tanh_(z: torch.Tensor) -> torch.Tensor:
-    """tanh(z) computed in place as 2*sigmoid(2z) - 1 (within ~2e-7 of torch.tanh).
-    On CPU torch's tanh kernel is about 3x slower than this whole chain, and it is the
-    largest single cost of a small MLP's step; elsewhere it is no slower."""
+    """tanh(z) in place; on large CPU tensors as 2*sigmoid(2z) - 1 (within ~2e-7 of
+    torch.tanh). torch's CPU tanh kernel is about 3x slower than that whole chain, and it is
+    the largest single cost of a small MLP's gradient step; on small tensors (acting on a
+    few envs) the chain's four launches cost more than the one tanh."""
+    if z.device.type != "cpu" or z.numel() < 4096:
+        return z.tanh_()
     return z.mul_(2.0).sigmoid_().mul_(2.0).sub_(1.0)
 
 
@@ -201,9 +204,10 @@ class CategoricalHead(nn.Module):
 
     @staticmethod
     def sample(logp: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        # Gumbel-max: one uniform draw per logit, no host sync.
-        u = torch.rand(logp.shape, generator=generator, device=logp.device).clamp_(1e-20, 1.0)
-        return (logp - torch.log(-torch.log(u))).argmax(-1)
+        # Exponential race (Gumbel-max with -log E, E ~ Exp(1), as the Gumbel noise): one
+        # draw per logit, argmax_i p_i / E_i is distributed as p, no host sync.
+        e = torch.empty_like(logp).exponential_(generator=generator)
+        return (logp - e.log_()).argmax(-1)
 
     @staticmethod
     def mode(logp: torch.Tensor) -> torch.Tensor:
