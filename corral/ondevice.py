@@ -39,9 +39,8 @@ from typing import Any
 import torch
 
 from corral.actors.normalizer import RunningNormalizer
-from corral.algos.ppo import PPO, STAT_NAMES, PPOConfig, ppo_loss
+from corral.algos.ppo import PPO, STAT_NAMES, PPOConfig, ppo_batch, ppo_loss, ppo_schedules
 from corral.errors import TrainingError, UserError
-from corral.returns import gae, rollout_next_values
 from corral.optim import FlatAdam
 from corral.rng import RNGStreams
 from corral.storage.rollout import RolloutStorage
@@ -162,27 +161,16 @@ class OnDevicePPO:
     # ------------------------------------------------------------------ learning
     def update(self, progress: float) -> None:
         cfg, actor = self.cfg, self.actor
-        frac = 1.0 - progress
-        lr = cfg.lr * (frac if cfg.lr_schedule == "linear" else 1.0)
-        clip = cfg.clip_range * (frac if cfg.clip_schedule == "linear" else 1.0)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr, clip = ppo_schedules(cfg, self.optimizer, progress)
         data = self.storage.data
         T, N = data.rewards.shape
         with torch.no_grad():
             last_value = actor.value(actor.normalize(self.obs))
             final_v = actor.value(self.final_x.flatten(0, 1)).view(T, N)
             data.final_values.copy_(torch.where(data.truncated, final_v, 0.0))
-            next_values = rollout_next_values(data.values, last_value, data.truncated, data.final_values)
-            advantages, returns = gae(data.rewards, data.values, next_values, data.terminated, data.truncated,
-                                      cfg.gamma, cfg.gae_lambda)
-        b = data.flatten()
-        adv_all, ret_all = advantages.flatten(), returns.flatten()
+        b, adv_all, ret_all, full_batch = ppo_batch(cfg, data, last_value)
         n = adv_all.shape[0]
         mb = min(cfg.batch_size, n)
-        full_batch = mb >= n
-        if full_batch and cfg.normalize_advantage:
-            adv_all = (adv_all - adv_all.mean()) / (adv_all.std() + 1e-8)
         per_adv = cfg.normalize_advantage and not full_batch
         opt = self.optimizer
         # corral's FlatAdam clips inside step(); a torch.optim optimizer needs clipping here.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from corral.algos.ppo import PPO, PPOConfig
+from corral.algos.ppo import PPO, PPOConfig, ppo_schedules
 from corral.config import option
 from corral.errors import TrainingError
 from corral.returns import rollout_next_values, vtrace
@@ -45,11 +45,7 @@ class IMPALA(PPO):
 
     def update(self, progress: float) -> dict[str, float]:
         cfg = self.cfg
-        frac = 1.0 - progress
-        lr = cfg.lr * (frac if cfg.lr_schedule == "linear" else 1.0)
-        clip = cfg.clip_range * (frac if cfg.clip_schedule == "linear" else 1.0)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr, clip = ppo_schedules(cfg, self.optimizer, progress)
         data = self.storage.data
         T, N = data.rewards.shape
         with torch.no_grad():

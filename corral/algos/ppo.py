@@ -83,6 +83,31 @@ def ppo_loss(actor, obs, actions, old_log_probs, old_values, adv, ret, clip: flo
     return loss, stats
 
 
+def ppo_schedules(cfg: PPOConfig, optimizer, progress: float) -> tuple[float, float]:
+    """Learning rate (set on ``optimizer``) and clip range at ``progress`` in [0, 1]."""
+    frac = 1.0 - progress
+    lr = cfg.lr * (frac if cfg.lr_schedule == "linear" else 1.0)
+    clip = cfg.clip_range * (frac if cfg.clip_schedule == "linear" else 1.0)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr, clip
+
+
+def ppo_batch(cfg: PPOConfig, data, last_value: torch.Tensor):
+    """GAE over a full rollout ``data`` (``RolloutStorage.data``). Returns the flat batch,
+    advantages, returns, and whether one minibatch holds the whole rollout; in that case
+    the advantages are normalized here, once for all epochs (no shuffling needed either)."""
+    with torch.no_grad():
+        next_values = rollout_next_values(data.values, last_value, data.truncated, data.final_values)
+        advantages, returns = gae(data.rewards, data.values, next_values, data.terminated,
+                                  data.truncated, cfg.gamma, cfg.gae_lambda)
+    adv, ret = advantages.flatten(), returns.flatten()
+    full_batch = cfg.batch_size >= adv.shape[0]
+    if full_batch and cfg.normalize_advantage:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    return data.flatten(), adv, ret, full_batch
+
+
 class _CategoricalPPOLoss(torch.autograd.Function):
     """``ppo_loss`` for one Categorical head without value clipping, with its gradient
     written out (one autograd node instead of about fifteen; on small nets the autograd
@@ -196,27 +221,11 @@ class PPO(Algorithm):
     # --- learning
     def update(self, progress: float) -> dict[str, float]:
         cfg = self.cfg
-        frac = 1.0 - progress
-        lr = cfg.lr * (frac if cfg.lr_schedule == "linear" else 1.0)
-        clip = cfg.clip_range * (frac if cfg.clip_schedule == "linear" else 1.0)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-
-        data = self.storage.data
+        lr, clip = ppo_schedules(cfg, self.optimizer, progress)
         with torch.no_grad():
             last_value = self.actor.value(self.actor.normalize(self._last_obs))
-            next_values = rollout_next_values(data.values, last_value, data.truncated, data.final_values)
-            advantages, returns = gae(data.rewards, data.values, next_values, data.terminated,
-                                      data.truncated, cfg.gamma, cfg.gae_lambda)
-        b = data.flatten()
-        adv_all, ret_all = advantages.flatten(), returns.flatten()
+        b, adv_all, ret_all, full_batch = ppo_batch(cfg, self.storage.data, last_value)
         n = adv_all.shape[0]
-
-        # One minibatch holding the whole rollout (the rl-zoo CartPole setting) needs no
-        # shuffling or gathering, and its advantages can be normalized once for all epochs.
-        full_batch = cfg.batch_size >= n
-        if full_batch and cfg.normalize_advantage:
-            adv_all = (adv_all - adv_all.mean()) / (adv_all.std() + 1e-8)
 
         sums = torch.zeros(5, device=self.device)  # pg, v, entropy, approx_kl, clipfrac
         count = 0

@@ -24,9 +24,8 @@ import math
 
 import torch
 
-from corral.algos.ppo import PPO, ppo_loss
+from corral.algos.ppo import PPO, ppo_batch, ppo_loss, ppo_schedules
 from corral.errors import TrainingError, UserError
-from corral.returns import gae, rollout_next_values
 from corral.rng import RNGStreams
 
 
@@ -119,23 +118,11 @@ class ShardedPPO(PPO):
         if self.pool is None:
             return super().update(progress)
         cfg = self.cfg
-        frac = 1.0 - progress
-        lr = cfg.lr * (frac if cfg.lr_schedule == "linear" else 1.0)
-        clip = cfg.clip_range * (frac if cfg.clip_schedule == "linear" else 1.0)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        data = self.storage.data
+        lr, clip = ppo_schedules(cfg, self.optimizer, progress)
         with torch.no_grad():
             last_value = self.actor.value(self.actor.normalize(self._last_obs))
-            next_values = rollout_next_values(data.values, last_value, data.truncated, data.final_values)
-            advantages, returns = gae(data.rewards, data.values, next_values, data.terminated,
-                                      data.truncated, cfg.gamma, cfg.gae_lambda)
-        b = data.flatten()
-        adv_all, ret_all = advantages.flatten(), returns.flatten()
+        b, adv_all, ret_all, full_batch = ppo_batch(cfg, self.storage.data, last_value)
         n = adv_all.shape[0]
-        full_batch = cfg.batch_size >= n
-        if full_batch and cfg.normalize_advantage:
-            adv_all = (adv_all - adv_all.mean()) / (adv_all.std() + 1e-8)
         cpu = lambda t: t.detach().to("cpu")  # noqa: E731
         self.pool.load({"obs": cpu(b.obs), "actions": cpu(b.actions), "log_probs": cpu(b.log_probs),
                         "values": cpu(b.values), "adv": cpu(adv_all), "ret": cpu(ret_all)})
