@@ -79,8 +79,13 @@ class NodePolicy(nn.Module):
         summary = torch.cat([x.mean(-1), x[:, 0].amax(-1, keepdim=True)], -1)
         return self.value_net(summary).squeeze(-1)
 
+    def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw logits and value (what ``ppo_loss``'s Categorical fast path takes)."""
+        return self.logits(x), self.value(x)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.head(self.logits(x)), self.value(x)
+        logits, value = self.outputs(x)
+        return self.head(logits), value
 
     def evaluate_actions(self, x, action):
         params, value = self.forward(x)
