@@ -262,6 +262,15 @@ def test_solver_finds_the_optimum_of_a_small_graph(method):
     assert result["assignment"].dtype == torch.int8 and set(result["assignment"].tolist()) <= {0, 1}
 
 
+def test_ppo_method_trains_its_policy_and_keeps_the_best_cut():
+    g = barabasi_albert(200, 3, seed=5)
+    result = solve_maxcut(g, time_limit=6.0, num_envs=8, seed=0, method="ppo")
+    assert result["updates"] >= 1 and result["train_seconds"] > 0
+    start = result["history"][0][1]  # (seconds, best cut) after the first local search
+    assert result["cut"] >= start
+    assert cut_value(g, result["assignment"]).item() == result["cut"]
+
+
 def run_cli(argv):
     parser = argparse.ArgumentParser(prog="corral")
     add_solve_parser(parser.add_subparsers(dest="cmd", required=True))

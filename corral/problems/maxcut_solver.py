@@ -300,6 +300,7 @@ def solve_maxcut(
         "method": method,
         "flips": flips,
         "train_seconds": round(train_seconds, 3),
+        "updates": trainer.updates if actor is not None else 0,
         "history": history,
         "policy": actor,
     }
