@@ -183,10 +183,13 @@ class _ParallelMLPFunction(torch.autograd.Function):
                 else:
                     g = torch.ops.aten.threshold_backward(g, outputs[i], 0)
             w = params[2 * i]
-            # dW = g^T h, [n, out, in]; computed as (h^T g)^T when out > in: MKL's batched
-            # matmul is several times slower when the result's last dimension is tiny.
-            grads[2 * i] = torch.bmm(g.mT, inputs[i]) if w.shape[1] <= w.shape[2] else torch.bmm(inputs[i].mT, g).mT
-            grads[2 * i + 1] = g.sum(1, keepdim=True)
+            # Frozen parameters (a critic under the actor's loss) get no gradient computed.
+            if ctx.needs_input_grad[3 + 2 * i]:
+                # dW = g^T h, [n, out, in]; computed as (h^T g)^T when out > in: MKL's batched
+                # matmul is several times slower when the result's last dimension is tiny.
+                grads[2 * i] = torch.bmm(g.mT, inputs[i]) if w.shape[1] <= w.shape[2] else torch.bmm(inputs[i].mT, g).mT
+            if ctx.needs_input_grad[4 + 2 * i]:
+                grads[2 * i + 1] = g.sum(1, keepdim=True)
             if i > 0 or ctx.needs_input_grad[0]:
                 g = torch.bmm(g, w)
         grad_x = None

@@ -60,3 +60,16 @@ def test_parallel_mlp_other_activations_use_autograd():
     x = torch.randn(6, 4, requires_grad=True)
     net(x).sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_frozen_parameters_get_no_gradient_but_the_input_does():
+    torch.manual_seed(2)
+    net = ParallelMLP(2, 3, (8, 8), "relu", out_dim=1)
+    for p in net.parameters():
+        p.requires_grad_(False)
+    x = torch.randn(5, 3, requires_grad=True)
+    net(x).sum().backward()
+    ref_x = x.detach().clone().requires_grad_(True)
+    reference(net, ref_x).sum().backward()
+    assert all(p.grad is None for p in net.parameters())
+    assert torch.allclose(x.grad, ref_x.grad, atol=1e-6)

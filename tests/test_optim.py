@@ -1,6 +1,9 @@
 import copy
 
+import pytest
 import torch
+
+import corral.optim
 
 from corral.nets import MLP, ParallelMLP
 from corral.optim import FlatAdam
@@ -14,7 +17,11 @@ def make_pair(max_norm):
         torch.optim.Adam(ref.parameters(), lr=3e-3, eps=1e-5, foreach=False)
 
 
-def test_flat_adam_matches_torch_adam_with_gradient_clipping_step_by_step():
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-kernel", "op-by-op"])
+def test_flat_adam_matches_torch_adam_with_gradient_clipping_step_by_step(fused, monkeypatch):
+    if fused and not corral.optim._FUSED:
+        pytest.skip("this torch has no fused Adam kernel")
+    monkeypatch.setattr(corral.optim, "_FUSED", fused)
     net, opt, ref, ref_opt = make_pair(max_norm=0.5)
     g = torch.Generator().manual_seed(1)
     for _ in range(25):
