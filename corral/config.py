@@ -44,6 +44,7 @@ class EvalConfig:
     episodes: int = option(10, "episodes per evaluation")
     num_envs: int = option(5, "parallel envs for evaluation")
     deterministic: bool = option(True, "use the policy's mode rather than sampling")
+    video: bool = option(False, "also show one episode per evaluation as a video in TensorBoard (needs corral[video])")
 
 
 @dataclass

@@ -268,3 +268,76 @@ def test_multi_discrete_and_multi_binary_actions_are_checked_and_passed_on(backe
     finally:
         md.close()
         mb.close()
+
+
+class _ShapeEnv(gym.Env):
+    """Returns observations of ``shape`` for a (3,) space: after ``bad_at`` steps, or only as final obs."""
+
+    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, shape=(1,), final_only=False):
+        self.shape, self.final_only = shape, final_only
+
+    def reset(self, seed=None, options=None):
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        if self.final_only:
+            return np.zeros(self.shape, np.float32), 0.0, True, False, {}
+        return np.zeros(self.shape, np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("final_only", [False, True])
+def test_an_observation_that_would_broadcast_is_refused_not_broadcast(backend, final_only):
+    env = backend_env(backend, lambda: _ShapeEnv((1,), final_only), 2)
+    try:
+        env.reset()
+        with pytest.raises(EnvError, match=r"observation(s)? of shape \(1,\) at vector step 0; its observation space says \(3,\)"):
+            env.step(torch.zeros(2, dtype=torch.long))
+    finally:
+        env.close()
+
+
+def test_scalar_observations_are_stacked():
+    class Scalar(gym.Env):
+        observation_space = gym.spaces.Box(-10, 10, (), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, seed=None, options=None):
+            self.t = 0
+            return np.float32(0.0), {}
+
+        def step(self, action):
+            self.t += 1
+            return np.float32(self.t), 1.0, self.t == 2, False, {}
+
+    env = make_vec_env(Scalar, 2)
+    assert env.reset().shape == (2,)
+    obs, _, _, _, info = env.step(torch.zeros(2, dtype=torch.long))
+    assert obs.tolist() == [1.0, 1.0]
+    obs, _, term, _, info = env.step(torch.zeros(2, dtype=torch.long))
+    assert obs.tolist() == [0.0, 0.0] and info["final_obs"].tolist() == [2.0, 2.0] and term.all()
+
+
+def test_non_uniform_box_bounds_are_checked_per_component():
+    class TwoBounds(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+        action_space = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 5.0], np.float32))
+
+        def reset(self, seed=None, options=None):
+            return np.zeros(1, np.float32), {}
+
+        def step(self, action):
+            self.last = np.array(action)
+            return np.zeros(1, np.float32), 0.0, False, False, {}
+
+    env = make_vec_env(TwoBounds, 2)
+    env.reset()
+    env.step(torch.tensor([[0.5, 4.0], [-1.0, 0.0]]))  # in bounds: 4.0 is fine for the second component only
+    assert env.out_of_bounds_actions == 0
+    with pytest.warns(UserWarning, match="clipping"):
+        env.step(torch.tensor([[2.0, 4.0], [0.0, -1.0]]))
+    assert env.out_of_bounds_actions == 2
+    assert env.envs[0].last.tolist() == [1.0, 4.0] and env.envs[1].last.tolist() == [0.0, 0.0]

@@ -266,3 +266,19 @@ def test_missing_opencv_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "cv2", None)
     with pytest.raises(UserError, match=r"OpenCV: pip install 'corral\[atari\]'"):
         make_vec_env("Pong", 1)
+
+
+# --- learning (slow: about 6 minutes on a shared 2-core machine)
+
+
+@pytest.mark.slow
+@box2d
+def test_ppo_learns_lunar_lander_to_a_deterministic_eval_of_200(tmp_path):
+    # The preset (rl-baselines3-zoo's: 16 envs, 1M steps); "learns" is the best periodic
+    # deterministic evaluation, checked again on episodes it has not seen.
+    corral.train("ppo", "LunarLander-v3", seed=0, run_dir=str(tmp_path / "run"),
+                 **{"eval.every": 50_000, "eval.episodes": 10, "tensorboard": False, "progress": False})
+    agent = corral.load(tmp_path / "run")  # its best.pt
+    assert agent.cfg.steps <= 1_000_000
+    result = corral.evaluate(agent, "LunarLander-v3", episodes=20, seed=123)
+    assert result["mean_return"] >= 200, result

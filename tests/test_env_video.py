@@ -58,3 +58,18 @@ def test_an_env_that_cannot_render_rgb_arrays_is_named(tmp_path):
         record_video(lambda o: torch.zeros(1, dtype=torch.long), CountEnv, tmp_path, 1)
     with pytest.raises(UserError, match="episodes must be >= 1"):
         record_video(lambda o: o, "CartPole-v1", tmp_path, 0)
+
+
+@needs_video
+def test_eval_video_goes_to_tensorboard_when_asked(tmp_path):
+    import corral
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    corral.train("ppo", "CartPole-v1", steps=512, seed=0, run_dir=str(tmp_path / "run"),
+                 **{"eval.episodes": 2, "eval.video": True, "progress": False, "ppo.n_steps": 64})
+    events = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    assert "eval/video" in events.Tags()["images"]
+    video = events.Images("eval/video")[-1]
+    assert video.step == 512 and video.encoded_image_string[:6] == b"GIF89a"
+    assert video.height <= 256 and video.width <= 256

@@ -131,3 +131,22 @@ def test_uncopyable_env_reports_it():
     env = make_vec_env(CountEnv, 1)
     assert not env.copyable
     assert env.load_state_dict(env.state_dict()) is False
+
+
+def test_what_a_step_returns_is_never_overwritten_by_later_steps():
+    # The in-process backend writes into rows allocated a block at a time; a consumer that
+    # keeps tensors (a rollout of references, a user's list) must see them unchanged.
+    env = make_vec_env("envs_for_tests:short_cartpole", 4, kwargs={"max_episode_steps": 7})
+    kept, copies = [], []
+    kept.append(env.reset(seed=0))
+    copies.append(kept[-1].clone())
+    g = torch.Generator().manual_seed(0)
+    for _ in range(600):  # more than one block of rows
+        obs, rew, term, trunc, info = env.step(torch.randint(0, 2, (4,), generator=g))
+        step = [obs, rew, term, trunc, *info.values()]
+        kept += step
+        copies += [t.clone() for t in step]
+        assert not term.any() or info["episode_done"].any()
+        if not (term | trunc).any():
+            assert info["final_obs"] is obs and not info["episode_done"].any()
+    assert all(torch.equal(a, b) for a, b in zip(kept, copies))

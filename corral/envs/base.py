@@ -20,6 +20,10 @@ torch-batched, Ray workers):
   value targets but not a finished episode, and an env restarted after a crash is
   ``truncated`` without one. Backends without such cases may omit it; readers use
   ``info.get("episode_done", terminated | truncated)``.
+* Everything a step returns is read-only for its consumers. ``obs`` and ``reward``
+  are fresh tensors each step (never overwritten later); in a step where no episode
+  ended, ``info["final_obs"]`` is ``obs`` itself, and ``terminated``, ``truncated``
+  and the episode tensors may be shared all-false / zero constants.
 * ``state_dict()`` / ``load_state_dict()`` capture everything needed to continue
   bit-for-bit (env internals, RNGs, running episode statistics) when
   ``copyable`` is True; otherwise they hold only the episode statistics and a

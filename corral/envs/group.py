@@ -3,8 +3,9 @@
 ``SyncVecEnv`` runs one :class:`EnvGroup` over all its envs; ``SubprocVecEnv`` runs one
 per worker process over a slice. Same-step autoreset, final observations, episode
 statistics, restarts after a crash and env state capture all live here, so the
-backends agree by construction. It works in numpy and Python values only; the front
-end (:class:`corral.envs.vector.HostVecEnv`) makes the torch tensors.
+backends agree by construction. It works in numpy and Python values only, writing into
+arrays its caller owns; the front end (:class:`corral.envs.vector.HostVecEnv`) makes the
+torch tensors.
 """
 
 from __future__ import annotations
@@ -84,13 +85,21 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+# What EnvGroup.step reports for an env whose step ended an episode (or a life, or which
+# crashed): (index in the group, terminated, truncated, final observation, episode), the
+# final observation being the true last one (of a crashed env: the last one it returned),
+# and episode the (return, length) of a whole episode that ended there, or None. A plain
+# tuple: in CartPole-sized envs a third of all steps end some episode.
+Ended = tuple[int, bool, bool, Any, "tuple[float, int] | None"]
+
+
 class EnvGroup:
     """Envs ``offset .. offset + len(factories)`` of a vector env named ``env_id``.
 
-    ``step`` returns plain Python lists (one entry per env) plus the finished episodes;
-    the caller turns them into arrays. ``on_error="restart"`` rebuilds an env that
-    raised from its factory, reports the broken step as truncated (final observation:
-    the last one it returned) and does not report the broken episode.
+    ``step`` writes observations and rewards into the caller's arrays and reports the
+    few envs that ended an episode. ``on_error="restart"`` rebuilds an env that raised
+    from its factory, reports the broken step as truncated (final observation: the last
+    one it returned) and does not report the broken episode.
     """
 
     def __init__(
@@ -110,19 +119,27 @@ class EnvGroup:
         self.max_restarts = max_restarts
         self.envs = [flatten_parts(f()) for f in self.factories]
         n = len(self.envs)
+        self.obs_shape = tuple(self.envs[0].observation_space.shape)
+        self._joined = (-1, *self.obs_shape[1:]) if self.obs_shape else (-1,)  # observations stacked by concatenate
         self.external = [reports_episodes(e) for e in self.envs]
-        self.ep_ret = np.zeros(n, dtype=np.float64)  # running return and length of each env's episode
-        self.ep_len = np.zeros(n, dtype=np.int64)
+        # Running episode statistics: the return (float64 sum of the float32 rewards handed
+        # out) and the step count at each episode's start, so lengths cost nothing per step.
+        self.ep_ret = np.zeros(n, dtype=np.float64)
+        self.t = 0
+        self.ep_start = [0] * n
         self.last_obs: list[Any] = [None] * n  # what each env returned last (final obs of a broken episode)
         self.restarts = 0
         self.env_restarts = [0] * n
-        self._broken: dict[int, Any] = {}  # env index -> last obs of an episode dropped this step
         self.messages: list[str] = []  # restart notices, for the front end to warn with
         self.seed: int | None = None
 
     @property
     def copyable(self) -> bool:
         return all(is_copyable(e) for e in self.envs)
+
+    @property
+    def ep_len(self) -> np.ndarray:
+        return np.array([self.t - s for s in self.ep_start], dtype=np.int64)
 
     def _where(self, i: int) -> str:
         return f"env {self.env_id!r} (index {self.offset + i})"
@@ -137,77 +154,117 @@ class EnvGroup:
                 raise EnvError(f"{self._where(i)} raised in reset: {_describe(e)}") from e
             obs.append(o)
         self.ep_ret[:] = 0.0
-        self.ep_len[:] = 0
+        self.ep_start = [self.t] * len(self.envs)
         self.last_obs = obs
-        self._broken.clear()
         return obs
 
-    def step(self, actions: Any, step: int):
+    def step(self, actions: Any, step: int, obs: np.ndarray, rew: np.ndarray) -> list[Ended]:
         """One step of every env with ``actions[i]``; autoreset where an episode ended.
 
-        Returns ``(obs, finals, rewards, terminated, truncated, episodes)``: sequences of
-        per-env values, ``finals`` a dict {i: final obs} of the envs that ended, and
-        ``episodes`` a list of ``(i, return, length)`` of whole episodes that ended.
+        Writes the observations (the next episode's first where one ended) into ``obs``
+        (``[n, *obs_shape]``) and the rewards into ``rew`` (float32 ``[n]``), the caller's
+        arrays.
+        Returns the envs whose step ended an episode, a life or a crashed env: an empty
+        list in most steps. ``step`` is the vector step, for messages.
         """
-        # The plain loop first, as lean as a hand-written one; the rare cases after it.
-        results = []
-        append = results.append
+        obs_list: list[Any] = []
+        rews: list[Any] = []
+        ended: list[tuple] = []
         try:
-            for env, a in zip(self.envs, actions):
-                append(env.step(a))
+            self._step_envs(0, actions, obs_list, rews, ended, step)
+        except EnvError:
+            raise
         except Exception as e:
-            self._step_rest(results, actions, e, step)
-        obs, rew, term, trunc, infos = zip(*results)
+            self._step_rest(actions, obs_list, rews, ended, e, step)
+        self._write_obs(obs_list, obs, step)
+        try:
+            rew[:] = rews
+        except (TypeError, ValueError):
+            raise EnvError(f"env {self.env_id!r} returned a reward that is not a number at vector step {step}: "
+                           f"{rews}") from None
         self.ep_ret += rew
-        self.ep_len += 1
-        finals: dict[int, Any] = {}
-        episodes: list[tuple[int, float, int]] = []
-        if True in term or True in trunc or self._broken:
-            obs = list(obs)
-            for i in range(len(obs)):
-                if term[i] or trunc[i]:
-                    self._end_episode(i, obs, infos[i], finals, episodes, step)
-            self._broken.clear()
-        self.last_obs = obs
-        return obs, finals, rew, term, trunc, episodes
+        self.t += 1
+        self.last_obs = obs_list
+        return [self._ended(*e, step) for e in ended] if ended else []
 
-    def _step_rest(self, results: list, actions: Any, err: Exception, step: int) -> None:
-        """Env ``len(results)`` raised: raise, or restart it and step the rest."""
+    def _step_envs(self, start: int, actions: Any, obs_list: list, rews: list, ended: list, step: int) -> None:
+        """The loop itself, as lean as a hand-written one: envs ``start ..`` step, those that end reset."""
+        envs, acts = (self.envs, actions) if start == 0 else (self.envs[start:], actions[start:])
+        for env, a in zip(envs, acts):
+            o, r, terminated, truncated, info = env.step(a)
+            if terminated or truncated:
+                i = len(obs_list)
+                ended.append((i, terminated, truncated, o, info))
+                o = self._reset_env(i, step)
+            obs_list.append(o)
+            rews.append(r)
+
+    def _step_rest(self, actions: Any, obs_list: list, rews: list, ended: list, err: Exception, step: int) -> None:
+        """Env ``len(obs_list)`` raised: raise, or restart it and step the rest."""
         while True:
-            i = len(results)
+            i = len(obs_list)
             if self.on_error != "restart":
                 raise EnvError(f"{self._where(i)} raised at vector step {step}: {_describe(err)}") from err
-            o = self._restart(i, err, step)
-            self._broken[i] = self.last_obs[i]
-            results.append((o, 0.0, False, True, {}))
+            ended.append((i, False, True, self.last_obs[i], None))  # info None: the broken episode is dropped
+            obs_list.append(self._restart(i, err, step))
+            rews.append(0.0)
             try:
-                for env, a in zip(self.envs[i + 1:], actions[i + 1:]):
-                    results.append(env.step(a))
+                self._step_envs(i + 1, actions, obs_list, rews, ended, step)
                 return
+            except EnvError:
+                raise
             except Exception as e:
                 err = e
 
-    def _end_episode(self, i: int, obs: list, info: dict, finals: dict, episodes: list, step: int) -> None:
-        if i in self._broken:  # restarted: the broken episode is not reported; its last obs is the final one
-            finals[i] = self._broken[i]
-            self.ep_ret[i], self.ep_len[i] = 0.0, 0
-            return
-        finals[i] = obs[i]
-        if self.external[i]:
-            # The wrapper's raw score; the length counts this env's steps over the whole episode.
-            raw = info.get(EPISODE_KEY)
-            if raw is not None:  # (None: a life lost, not the game: the episode goes on)
-                episodes.append((i, float(raw), int(self.ep_len[i])))
-                self.ep_ret[i], self.ep_len[i] = 0.0, 0
-        else:
-            episodes.append((i, float(self.ep_ret[i]), int(self.ep_len[i])))
-            self.ep_ret[i], self.ep_len[i] = 0.0, 0
+    def _reset_env(self, i: int, step: int) -> Any:
         try:
-            obs[i], _ = self.envs[i].reset()
+            return self.envs[i].reset()[0]
         except Exception as e:
             if self.on_error != "restart":
                 raise EnvError(f"{self._where(i)} raised in reset at vector step {step}: {_describe(e)}") from e
-            obs[i] = self._restart(i, e, step)
+            return self._restart(i, e, step)
+
+    def _write_obs(self, obs_list: list, out: np.ndarray, step: int) -> None:
+        """Stack the observations into ``out``; any shape other than the space's is an error, never a broadcast."""
+        try:
+            # One call; joining the first axes makes any other shape an error (never a broadcast)
+            np.concatenate(obs_list, out=out.reshape(self._joined), casting="unsafe")
+            return
+        except (ValueError, TypeError):  # a wrong shape, or scalar observations (which cannot be concatenated)
+            pass
+        try:
+            arr = np.asarray(obs_list)
+        except (ValueError, TypeError):
+            arr = None
+        if arr is not None and arr.shape == (len(obs_list), *self.obs_shape):
+            out[...] = arr
+            return
+        shapes = sorted({np.shape(o) for o in obs_list}, key=str)
+        raise EnvError(
+            f"env {self.env_id!r} returned observations of shape {', '.join(map(str, shapes))} at vector step "
+            f"{step}; its observation space says {self.obs_shape}"
+        )
+
+    def _ended(self, i: int, terminated: bool, truncated: bool, final: Any, info: dict | None, step: int) -> Ended:
+        """Close the books on env ``i``'s episode (after this step's reward is counted)."""
+        if getattr(final, "shape", None) != self.obs_shape and np.shape(final) != self.obs_shape:
+            raise EnvError(
+                f"{self._where(i)} returned a final observation of shape {np.shape(final)} at vector step {step}; "
+                f"its observation space says {self.obs_shape}"
+            )
+        if info is None:  # restarted: the broken episode is not reported
+            episode = None
+        elif self.external[i]:
+            # The wrapper's raw score; the length counts this env's steps over the whole episode.
+            raw = info.get(EPISODE_KEY)
+            if raw is None:  # a life lost, not the game: the episode goes on
+                return i, bool(terminated), bool(truncated), final, None
+            episode = (float(raw), self.t - self.ep_start[i])
+        else:
+            episode = (float(self.ep_ret[i]), self.t - self.ep_start[i])
+        self.ep_ret[i] = 0.0
+        self.ep_start[i] = self.t
+        return i, bool(terminated), bool(truncated), final, episode
 
     def _restart(self, i: int, err: Exception, step: int):
         """Rebuild env ``i`` after it raised; the broken step reads as a truncation."""
@@ -232,8 +289,6 @@ class EnvGroup:
         except Exception as e:
             raise EnvError(f"{where} raised at vector step {step} ({_describe(err)}), and rebuilding it failed: {_describe(e)}") from e
         self.envs[i] = env
-        self.ep_ret[i] = 0.0
-        self.ep_len[i] = 0
         self.messages.append(
             f"{where} raised at vector step {step}: {_describe(err)}; rebuilt it from its factory, "
             f"dropped the unfinished episode (restart {self.env_restarts[i]} of this env)"
@@ -242,7 +297,7 @@ class EnvGroup:
 
     # --- state
     def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"ep_ret": self.ep_ret.copy(), "ep_len": self.ep_len.copy()}
+        state: dict[str, Any] = {"ep_ret": self.ep_ret.copy(), "ep_len": self.ep_len}
         if self.copyable:
             state["envs"] = [[plain_state(layer) for layer in layers(env)] for env in self.envs]
         return state
@@ -258,7 +313,7 @@ class EnvGroup:
             for layer, ls in zip(layers(env), layer_states):
                 restore_plain_state(layer, ls)
         self.ep_ret[:] = state["ep_ret"]
-        self.ep_len[:] = state["ep_len"]
+        self.ep_start = [self.t - int(length) for length in np.asarray(state["ep_len"]).tolist()]
         return True
 
     def close(self) -> None:

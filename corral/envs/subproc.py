@@ -80,7 +80,6 @@ def _worker(conn, parent_conn, payload, offset: int, count: int, env_id: str, on
     obs, final, act = v["obs"], v["final"], v["act"]
     rew, term, trunc = v["rew"], v["term"], v["trunc"]
     ep_ret, ep_len, ep_done = v["ep_ret"], v["ep_len"], v["ep_done"]
-    obs_shape = obs.shape[1:]
     try:
         while True:
             try:
@@ -89,23 +88,14 @@ def _worker(conn, parent_conn, payload, offset: int, count: int, env_id: str, on
                 break
             try:
                 if cmd == "step":
-                    o, finals, r, te, tr, episodes = group.step(act[lo:hi].copy(), arg)
-                    try:
-                        obs[lo:hi] = o
-                        for i, fo in finals.items():
-                            final[lo + i] = fo
-                    except ValueError:
-                        shapes = sorted({np.shape(x) for x in o}, key=str)
-                        raise EnvError(
-                            f"env {env_id!r} returned observations of shape {', '.join(map(str, shapes))} at vector "
-                            f"step {arg}; its observation space says {obs_shape}"
-                        ) from None
-                    rew[lo:hi] = r
-                    term[lo:hi] = te
-                    trunc[lo:hi] = tr
+                    ended = group.step(act[lo:hi].copy(), arg, obs[lo:hi], rew[lo:hi])
+                    term[lo:hi] = False
+                    trunc[lo:hi] = False
                     ep_done[lo:hi] = False
-                    for i, ret, length in episodes:
-                        ep_ret[lo + i], ep_len[lo + i], ep_done[lo + i] = ret, length, True
+                    for i, terminated, truncated, final_obs, episode in ended:
+                        term[lo + i], trunc[lo + i], final[lo + i] = terminated, truncated, final_obs
+                        if episode is not None:
+                            (ep_ret[lo + i], ep_len[lo + i]), ep_done[lo + i] = episode, True
                     conn.send(("ok", (group.restarts, group.messages)))
                     group.messages = []
                 elif cmd == "reset":
@@ -279,21 +269,22 @@ class SubprocVecEnv(HostVecEnv):
         self._gather("reset", seed)
         return self._buf["obs"].copy()
 
-    def _step_arrays(self, acts):
+    def _step_into(self, acts, obs, rew):
         b = self._buf
         b["act"][:] = acts
         replies = self._gather("step", self.steps)
         for k, (restarts, messages) in enumerate(replies):
             self._restarts[k] = restarts
             self._restart_messages.extend(messages)
-        term, trunc = b["term"].copy(), b["trunc"].copy()
-        done = np.nonzero(term | trunc)[0]
-        finals = {int(i): b["final"][i] for i in done}
-        episodes = []
-        if b["ep_done"].any():
-            ret, length = b["ep_ret"], b["ep_len"]
-            episodes = [(int(i), float(ret[i]), int(length[i])) for i in np.nonzero(b["ep_done"])[0]]
-        return b["obs"].copy(), finals, b["rew"].copy(), term, trunc, episodes
+        obs[...] = b["obs"]
+        rew[:] = b["rew"]
+        term, trunc, ep_done = b["term"], b["trunc"], b["ep_done"]
+        if not (term.any() or trunc.any()):
+            return []
+        ret, length = b["ep_ret"], b["ep_len"]
+        return [(int(i), bool(term[i]), bool(trunc[i]), b["final"][i].copy(),
+                 (float(ret[i]), int(length[i])) if ep_done[i] else None)
+                for i in np.nonzero(term | trunc)[0]]
 
     def state_dict(self) -> dict[str, Any]:
         parts = self._gather("get_state")

@@ -18,7 +18,7 @@ from corral.errors import UserError
 
 
 class VideoEpisode(NamedTuple):
-    path: Path
+    path: Path | None
     episode_return: float
     episode_length: int
 
@@ -99,43 +99,82 @@ def record_video(
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = name_prefix or re.sub(r"[^A-Za-z0-9_.-]+", "_", env_name(env_spec)).strip("_") or "env"
     env = _make_rendering_env(env_spec, kwargs, atari_wrappers)
-    obs_space, act_space = env.observation_space, env.action_space
-    obs_dtype = np.float32 if np.dtype(obs_space.dtype).kind == "f" else obs_space.dtype
     dev = torch.device(device)
-    whole_episodes = reports_episodes(env)  # Atari: an episode is the whole game
     results = []
     try:
         rate = _fps(env, fps)
         for k in range(episodes):
             path = out_dir / f"{prefix}-episode-{k}.mp4"
-            obs, _ = env.reset(seed=seed + k)
             writer = _writer(path, rate)
-            total, length, raw = 0.0, 0, None
             try:
-                writer.append_data(np.asarray(env.render(), dtype=np.uint8))
-                for _ in range(max_steps):
-                    x = torch.as_tensor(np.asarray(obs, dtype=obs_dtype)[None], device=dev)
-                    with torch.no_grad():
-                        action = act_fn(x)
-                    action = action.detach().cpu().numpy() if isinstance(action, torch.Tensor) else np.asarray(action)
-                    action = action.reshape(act_space.shape if action.size == int(np.prod(act_space.shape)) else -1)
-                    if isinstance(act_space, gym.spaces.Discrete):
-                        action = int(np.asarray(action).reshape(-1)[0])
-                    else:
-                        action = np.clip(action.astype(act_space.dtype), act_space.low, act_space.high)
-                    obs, reward, terminated, truncated, info = env.step(action)
-                    total += float(reward)
-                    length += 1
-                    writer.append_data(np.asarray(env.render(), dtype=np.uint8))
-                    if terminated or truncated:
-                        raw = info.get(EPISODE_KEY)
-                        if raw is not None or not whole_episodes:
-                            break
-                        obs, _ = env.reset()  # a life lost under episodic life: the game goes on
+                ret, length = _play(env, act_fn, seed + k, max_steps, dev, writer.append_data)
             finally:
                 writer.close()
-            results.append(VideoEpisode(path, float(raw if raw is not None else total), length))
+            results.append(VideoEpisode(path, ret, length))
     finally:
         env.close()
     return results
 
+
+def _play(env: gym.Env, act_fn: Callable, seed: int, max_steps: int, dev: torch.device,
+          frame: Callable[[np.ndarray], Any]) -> tuple[float, int]:
+    """One episode of ``act_fn`` in ``env``, each rendered frame passed to ``frame``; (raw return, length)."""
+    obs_space, act_space = env.observation_space, env.action_space
+    obs_dtype = np.float32 if np.dtype(obs_space.dtype).kind == "f" else obs_space.dtype
+    whole_episodes = reports_episodes(env)  # Atari: an episode is the whole game
+    obs, _ = env.reset(seed=seed)
+    total, length, raw = 0.0, 0, None
+    frame(np.asarray(env.render(), dtype=np.uint8))
+    for _ in range(max_steps):
+        x = torch.as_tensor(np.asarray(obs, dtype=obs_dtype)[None], device=dev)
+        with torch.no_grad():
+            action = act_fn(x)
+        action = action.detach().cpu().numpy() if isinstance(action, torch.Tensor) else np.asarray(action)
+        action = action.reshape(act_space.shape if action.size == int(np.prod(act_space.shape)) else -1)
+        if isinstance(act_space, gym.spaces.Discrete):
+            action = int(np.asarray(action).reshape(-1)[0])
+        else:
+            action = np.clip(action.astype(act_space.dtype), act_space.low, act_space.high)
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += float(reward)
+        length += 1
+        frame(np.asarray(env.render(), dtype=np.uint8))
+        if terminated or truncated:
+            raw = info.get(EPISODE_KEY)
+            if raw is not None or not whole_episodes:
+                break
+            obs, _ = env.reset()  # a life lost under episodic life: the game goes on
+    return float(raw if raw is not None else total), length
+
+
+def episode_gif(
+    act_fn: Callable[[torch.Tensor], Any],
+    env_spec: Any,
+    *,
+    kwargs: dict | None = None,
+    seed: int = 0,
+    max_frames: int = 300,
+    max_side: int = 256,
+    atari_wrappers: Any = "eval",
+    device: str | torch.device = "cpu",
+) -> tuple[bytes, tuple[int, int], VideoEpisode]:
+    """One episode as an animated GIF (what TensorBoard shows as a video): ``(gif bytes,
+    (height, width), VideoEpisode with path None)``. Frames are shrunk to at most
+    ``max_side`` pixels and thinned evenly to at most ``max_frames``, so a long episode
+    stays a small file; the frame rate follows so it plays in real time."""
+    try:
+        import imageio.v2 as imageio
+    except ImportError:
+        raise UserError("logging eval videos needs imageio: pip install 'corral[video]'") from None
+    env = _make_rendering_env(env_spec, kwargs, atari_wrappers)
+    frames: list[np.ndarray] = []
+    try:
+        rate = _fps(env, None)
+        ret, length = _play(env, act_fn, seed, 100_000, torch.device(device), frames.append)
+    finally:
+        env.close()
+    stride = -(-len(frames) // max_frames)  # ceil
+    shrink = -(-max(frames[0].shape[:2]) // max_side)
+    clip = [f[::shrink, ::shrink] for f in frames[::stride]]
+    data = imageio.mimwrite("<bytes>", clip, format="GIF", duration=1000.0 * stride / rate, loop=0)
+    return data, clip[0].shape[:2], VideoEpisode(None, ret, length)

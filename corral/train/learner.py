@@ -221,6 +221,8 @@ class EvalHook:
         finally:
             learner.algo.actor.train()
         result = summarize(returns)
+        if ec.video and self.metrics.tb is not None:
+            self.log_video(learner)
         self.metrics.write(learner, {"eval_return": result["mean_return"], "eval_return_std": result["std_return"]})
         learner.last_eval = result
         if result["mean_return"] > learner.best_eval:
@@ -228,6 +230,26 @@ class EvalHook:
             if learner.run_dir:
                 learner.save(learner.run_dir / "checkpoints" / "best.pt")
         return result
+
+    def log_video(self, learner: "Learner") -> None:
+        """One deterministic episode (the first eval episode's seed) as ``eval/video`` in TensorBoard."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        from corral.envs.video import episode_gif
+
+        cfg = learner.cfg
+        learner.algo.actor.eval()
+        try:
+            gif, (h, w), _ = episode_gif(lambda o: learner.algo.act(o, deterministic=True), learner.env_spec,
+                                         kwargs=cfg.env.kwargs, seed=learner.rng.env_seed("eval_env"),
+                                         atari_wrappers="eval" if cfg.env.atari_wrappers else False,
+                                         device=learner.device)
+        finally:
+            learner.algo.actor.train()
+        # What SummaryWriter.add_video writes (a GIF as an image summary), without its moviepy dependency
+        image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=gif)
+        self.metrics.tb._get_file_writer().add_summary(
+            Summary(value=[Summary.Value(tag="eval/video", image=image)]), learner.env_steps)
 
     def __call__(self, learner: "Learner", stats: dict) -> None:
         if self.next is not None and learner.env_steps >= self.next:
