@@ -2,17 +2,29 @@
 
 DQN on CartPole-v1 (50k steps) and SAC on Pendulum-v1 (20k steps) with the same
 hyperparameters, the same Gymnasium env and seed, one torch thread each. Reports the
-training time (first env step to the end; construction excluded), the deterministic
-eval return of the final policy (10 episodes) and the time ratio.
+training time (first env step to the end; construction excluded) as wall-clock and as
+process CPU time (steadier on a shared machine), the deterministic eval return of the
+final policy (10 episodes) and the time ratios. ``--rounds 2`` runs corral, SB3, SB3,
+corral and reports medians.
 
     pip install 'corral[bench]'
-    python benchmarks/bench_offpolicy.py --algos dqn sac --seeds 0
+    python benchmarks/bench_offpolicy.py --algos dqn sac --seeds 0 --rounds 2
+
+``--per-step`` times one gradient step instead of whole runs, after filling both
+libraries' buffers the same way: corral's ``update()``, SB3's ``model.train()``,
+and the bare matmul sequence of a step at the preset's shapes (forward, target
+forward, backward; no activations, no optimizer, no autograd). The bare sequence
+is the floor any implementation of the same math pays on this machine, so
+``bare / SB3`` is the smallest training-time ratio reachable by cutting overhead.
+
+    python benchmarks/bench_offpolicy.py --per-step --algos dqn sac
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -52,11 +64,14 @@ def run_corral(algo, seed):
 
     env_id, steps, _ = PRESETS[algo]
     cfg = build_config(algo, env_id, steps=steps, seed=seed,
-                       sets=["progress=false", "eval.episodes=0", "tensorboard=false"])
+                       sets=["progress=false", "eval.episodes=0", "tensorboard=false",
+                             f"threads={torch.get_num_threads()}"])
     learner = Learner(cfg, None)
+    cpu = time.process_time()
     summary = learner.train()
+    cpu = time.process_time() - cpu
     agent = corral.Agent(learner.algo, cfg)
-    return summary["train_seconds"], eval_policy(lambda o: agent.act(o), env_id)
+    return summary["train_seconds"], cpu, eval_policy(lambda o: agent.act(o), env_id)
 
 
 def run_sb3(algo, seed):
@@ -69,10 +84,110 @@ def run_sb3(algo, seed):
         kwargs["action_noise"] = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
     cls = {"dqn": sb3.DQN, "sac": sb3.SAC, "td3": sb3.TD3}[algo]
     model = cls("MlpPolicy", env_id, seed=seed, device="cpu", verbose=0, **kwargs)
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), time.process_time()
     model.learn(steps)
-    secs = time.perf_counter() - t0
-    return secs, eval_policy(lambda o: model.predict(o, deterministic=True)[0], env_id)
+    secs, cpu = time.perf_counter() - t0, time.process_time() - cpu
+    return secs, cpu, eval_policy(lambda o: model.predict(o, deterministic=True)[0], env_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# per gradient step
+
+
+def _mlp_forward(x, weights):
+    """Matmuls of an MLP forward; returns each layer's input (what its backward reads)."""
+    inputs = []
+    for w in weights:
+        inputs.append(x)
+        x = x @ w
+    return x, inputs
+
+
+def _mlp_backward(inputs, weights, g, weight_grads=True, first_input_grad=False):
+    for i in reversed(range(len(weights))):
+        if weight_grads:
+            inputs[i].mT @ g
+        if i > 0 or first_input_grad:
+            g = g @ weights[i].mT
+    return g
+
+
+def bare_step(algo):
+    """A gradient step's matmuls at the preset's shapes, as a closure."""
+    r = torch.randn
+    if algo == "dqn":  # CartPole 4 -> 256 -> 256 -> 2, batch 64: online, target, backward
+        B, q = 64, [r(4, 256), r(256, 256), r(256, 2)]
+        obs, nxt, g = r(B, 4), r(B, 4), r(B, 2)
+
+        def step():
+            _, ins = _mlp_forward(obs, q)
+            _mlp_forward(nxt, q)
+            _mlp_backward(ins, q, g)
+        return step
+    if algo == "sac":  # Pendulum: actor 3 -> 256 -> 256 -> 2, twin critics 4 -> 256 -> 256 -> 1, batch 256
+        B = 256
+        actor = [r(3, 256), r(256, 256), r(256, 2)]
+        critics = [r(2, 4, 256), r(2, 256, 256), r(2, 256, 1)]
+        obs, nxt, sa = r(B, 3), r(B, 3), r(2, B, 4)
+        gq, ga = r(2, B, 1), r(B, 2)
+
+        def step():
+            _mlp_forward(nxt, actor)            # target: next action
+            _mlp_forward(sa, critics)           # target critics
+            _, ins = _mlp_forward(sa, critics)  # critic loss: forward, backward (weights, hidden inputs)
+            _mlp_backward(ins, critics, gq)
+            _, a_ins = _mlp_forward(obs, actor)  # actor loss: actor, critics (inputs only), actor backward
+            _, c_ins = _mlp_forward(sa, critics)
+            _mlp_backward(c_ins, critics, gq, weight_grads=False, first_input_grad=True)
+            _mlp_backward(a_ins, actor, ga)
+        return step
+    raise ValueError(f"no bare step for {algo}")
+
+
+def per_step(args):
+    import stable_baselines3 as sb3
+
+    from corral.train.learner import Learner, build_config
+
+    grad_steps = {"dqn": 128, "sac": 100}
+    for algo in args.algos:
+        env_id, _, kwargs = PRESETS[algo]
+        G = grad_steps[algo]
+        cfg = build_config(algo, env_id, steps=PRESETS[algo][1], seed=0,
+                           sets=["progress=false", "eval.episodes=0", "tensorboard=false", f"threads={args.threads}"])
+        learner = Learner(cfg, None)
+        corral_algo = learner.algo
+        obs = learner.obs
+        with torch.no_grad():  # fill the buffer past learning_starts with the algorithm's own actions
+            for _ in range(args.fill):
+                action, extras = corral_algo.explore(obs)
+                nxt, rew, term, trunc, info = learner.env.step(action)
+                corral_algo.observe(obs, extras, rew, term, trunc, info["final_obs"], nxt)
+                obs = nxt
+        corral_algo.cfg.gradient_steps = G
+        model = {"dqn": sb3.DQN, "sac": sb3.SAC}[algo]("MlpPolicy", env_id, seed=0, device="cpu", verbose=0,
+                                                       **kwargs)
+        model.learn(args.fill)
+        torch.set_num_threads(args.threads)
+        bare = bare_step(algo)
+        runs = {
+            "corral": lambda: corral_algo.update(0.5),
+            "sb3": lambda: model.train(gradient_steps=G, batch_size=model.batch_size),
+            "bare": lambda: [bare() for _ in range(G)],
+        }
+        times = {k: [] for k in runs}
+        for _ in range(args.repeats):  # interleaved: the machine is shared
+            for name, fn in runs.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - t0) / G * 1e3)
+        best = {k: min(v) for k, v in times.items()}
+        med = {k: float(np.median(v)) for k, v in times.items()}
+        row = {"algo": algo, "threads": torch.get_num_threads(), "ms_per_step_best": {k: round(v, 3) for k, v in best.items()},
+               "ms_per_step_median": {k: round(v, 3) for k, v in med.items()},
+               "corral/sb3": round(med["corral"] / med["sb3"], 3), "bare/sb3": round(med["bare"] / med["sb3"], 3),
+               "loadavg": [round(x, 2) for x in __import__("os").getloadavg()]}
+        print(json.dumps(row), flush=True)
 
 
 def main():
@@ -80,18 +195,40 @@ def main():
     p.add_argument("--algos", nargs="+", default=["dqn", "sac"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--skip-sb3", action="store_true")
+    p.add_argument("--rounds", type=int, default=1, help="whole-run rounds per library, in ABBA order (medians reported)")
+    p.add_argument("--per-step", action="store_true", help="time single gradient steps (and the bare matmuls)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads, both libraries")
+    p.add_argument("--repeats", type=int, default=7, help="--per-step: interleaved repeats")
+    p.add_argument("--fill", type=int, default=3000, help="--per-step: env steps collected before timing")
     args = p.parse_args()
-    torch.set_num_threads(1)
-    out = []
+    torch.set_num_threads(args.threads)
+    if args.per_step:
+        per_step(args)
+        return
     for algo in args.algos:
         for seed in args.seeds:
-            ct, cr = run_corral(algo, seed)
-            row = {"algo": algo, "seed": seed, "corral_s": round(ct, 1), "corral_eval": round(cr, 1)}
-            if not args.skip_sb3:
-                st, sr = run_sb3(algo, seed)
-                row.update(sb3_s=round(st, 1), sb3_eval=round(sr, 1), ratio=round(ct / st, 3))
+            runs = {"corral": [], "sb3": []}
+            for r in range(args.rounds):
+                # ABBA order: on a shared machine the load drifts, so neither side always goes first
+                order = ["corral", "sb3"] if r % 2 == 0 else ["sb3", "corral"]
+                for lib in order:
+                    if lib == "sb3" and args.skip_sb3:
+                        continue
+                    wall, cpu, ret = (run_corral if lib == "corral" else run_sb3)(algo, seed)
+                    runs[lib].append((wall, cpu, ret))
+                    print(json.dumps({"algo": algo, "seed": seed, "round": r, "lib": lib, "wall_s": round(wall, 1),
+                                      "cpu_s": round(cpu, 1), "eval": round(ret, 1),
+                                      "loadavg": [round(x, 2) for x in os.getloadavg()]}), flush=True)
+            row = {"algo": algo, "seed": seed, "rounds": args.rounds}
+            for lib, rs in runs.items():
+                if rs:
+                    row[f"{lib}_wall_s"] = round(float(np.median([x[0] for x in rs])), 1)
+                    row[f"{lib}_cpu_s"] = round(float(np.median([x[1] for x in rs])), 1)
+                    row[f"{lib}_eval"] = [round(x[2], 1) for x in rs]
+            if runs["sb3"]:
+                row["ratio_wall"] = round(row["corral_wall_s"] / row["sb3_wall_s"], 3)
+                row["ratio_cpu"] = round(row["corral_cpu_s"] / row["sb3_cpu_s"], 3)
             print(json.dumps(row), flush=True)
-            out.append(row)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,23 @@ def test_double_dqn_target_uses_the_online_argmax_and_the_target_value():
     assert stats["q_loss"].item() == pytest.approx(expected.item(), rel=1e-6)
 
 
+@pytest.mark.parametrize("double", [False, True])
+def test_a_dqn_update_matches_sampling_and_stepping_one_batch_at_a_time(double):
+    # update() draws all of a uniform update's batches at once and runs the target net once over
+    # every step's next_obs; that must be the same training as one sample and one target per step.
+    kw = dict(learning_starts=0, batch_size=8, hidden=(16,), gradient_steps=5, double=double)
+    a, b = make("dqn", "CartPole-v1", **kw), make("dqn", "CartPole-v1", **kw)
+    fill(a, 30, 4, None)
+    fill(b, 30, 4, None)
+    a.update(0.5)
+    for _ in range(5):
+        b.train_step(b.replay.sample(8))
+        b.grad_steps += 1
+    for pa, pb in zip(a.actor.parameters(), b.actor.parameters()):
+        assert torch.allclose(pa, pb, rtol=1e-5, atol=1e-6)
+    assert torch.equal(a.replay.sample(8).indices, b.replay.sample(8).indices)  # same replay stream position
+
+
 def test_sac_critic_loss_moves_only_critics_and_actor_loss_only_the_actor():
     algo = make("sac", learning_starts=0, batch_size=16, hidden=(16,))
     fill(algo, 40, 3, None)

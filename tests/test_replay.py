@@ -190,6 +190,35 @@ def test_numpy_inputs_are_accepted():
     assert batch.next_obs[:, 0].tolist() == [1.0, 9.0, 9.0]
 
 
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_numpy_add_path_stores_what_the_torch_path_stores(n_step):
+    # CPU buffers write through numpy views; the torch path (used on other devices) is the reference.
+    fast = make(n_step=n_step, capacity=30, num_envs=3, final_obs_capacity=3)
+    slow = make(n_step=n_step, capacity=30, num_envs=3, final_obs_capacity=3)
+    slow._np = None
+    rec = Recorder(fast, seed=4)
+    for _ in range(40):  # wraps the ring and grows the final-obs store
+        rec.step()
+        _twin_add_same(rec, slow)
+    for name in ("_obs", "_action", "_reward", "_flags", "_final_obs", "_final_keys"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    assert torch.equal(fast.valid_indices(), slow.valid_indices())
+
+
+def test_one_draw_for_several_batches_gives_the_per_batch_draws():
+    # OffPolicy.update samples all gradient steps of a uniform update at once and splits them.
+    a, b = make(n_step=2, capacity=30, num_envs=3, seed=7), make(n_step=2, capacity=30, num_envs=3, seed=7)
+    rec = Recorder(a, seed=1)
+    for _ in range(15):
+        rec.step()
+        _twin_add_same(rec, b)
+    whole = a.sample(4 * 8).split(8)
+    for part in whole:
+        one = b.sample(8)
+        for name in ("obs", "action", "reward", "next_obs", "discount", "weights", "indices", "terminated"):
+            assert torch.equal(getattr(part, name), getattr(one, name)), name
+
+
 def test_observations_are_stored_once():
     image = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     capacity = 1000

@@ -78,7 +78,13 @@ class DQN(OffPolicy):
     def target_update(self) -> None:
         self.polyak(self.target, self.actor, self.cfg.tau)
 
-    def train_step(self, batch):
+    def shared_targets(self, batch):
+        # The target net only changes between updates (target_update runs in observe), so one
+        # forward over every step's next_obs serves the whole update.
+        return self.target.q(batch.next_obs)
+
+    def train_step(self, batch, next_q_target=None):
+        """One gradient step; ``next_q_target`` is the target net's Q of ``batch.next_obs`` if already known."""
         cfg = self.cfg
         B = batch.obs.shape[0]
         if cfg.double:
@@ -88,18 +94,20 @@ class DQN(OffPolicy):
         else:
             q_values = self.actor.q(batch.obs)
         with torch.no_grad():
-            next_q_target = self.target.q(batch.next_obs)
+            if next_q_target is None:
+                next_q_target = self.target.q(batch.next_obs)
             if cfg.double:
                 next_q = next_q_target.gather(-1, next_action).squeeze(-1)
             else:
-                next_q = next_q_target.max(-1).values
+                next_q = next_q_target.amax(-1)
             target = batch.reward + batch.discount * next_q
         q = q_values.gather(-1, batch.action.long().unsqueeze(-1)).squeeze(-1)
-        td = q - target
-        per_sample = F.smooth_l1_loss(q, target, reduction="none") if cfg.loss == "huber" else td.square()
-        loss = (per_sample * batch.weights).mean()
+        per_sample = F.smooth_l1_loss(q, target, reduction="none") if cfg.loss == "huber" else (q - target).square()
+        # uniform replay's weights are all 1: skipping the product leaves the loss bit for bit the same
+        loss = (per_sample * batch.weights).mean() if cfg.prioritized else per_sample.mean()
         self._step_optimizer(self.optimizer, loss)
-        return {"q_loss": loss.detach(), "q_mean": q.detach().mean()}, (td.detach().abs() if cfg.prioritized else None)
+        stats = {"q_loss": loss.detach(), "q_mean": q.detach().mean()}
+        return stats, ((q.detach() - target).abs() if cfg.prioritized else None)
 
     def update(self, progress):
         out = super().update(progress)

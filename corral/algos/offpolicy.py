@@ -4,6 +4,7 @@ checkpointed state. Each algorithm adds its networks, ``explore`` and ``train_st
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,27 +119,64 @@ class OffPolicy(Algorithm):
         return (self.env_steps >= cfg.learning_starts and self.vector_steps % cfg.train_freq == 0
                 and self.replay.can_sample(cfg.batch_size))
 
+    def shared_targets(self, batch: ReplayBatch) -> torch.Tensor | None:
+        """Per-transition values that every gradient step of an update can compute in one
+        go, because they depend only on networks that stay fixed during the update
+        (DQN: the target net's Q of ``next_obs``). One row per transition, or None."""
+        return None
+
+    def _groups(self, steps: int):
+        """The transitions of one update, in groups of ``k * batch_size`` rows (``k`` steps each).
+
+        Uniform sampling draws every step's indices at once: the buffer does not
+        change between the gradient steps of an update, and one draw of ``k * B``
+        indices from the replay stream is the same as ``k`` draws of ``B``, so the
+        batches are the ones per-step sampling would give, gathered in one go
+        (groups of at most ~16 MB of observations). Prioritized sampling depends on
+        the priorities the previous step wrote, so its groups are single steps.
+        """
+        cfg, replay = self.cfg, self.replay
+        B = cfg.batch_size
+        if cfg.prioritized:
+            for _ in range(steps):
+                replay.step = self.env_steps
+                replay.beta_steps = self.total_steps
+                yield replay.sample(B)
+            return
+        obs = getattr(replay, "_obs_flat", None)  # a remote replay (Ray) is sized by its own server
+        row_bytes = max(1, obs[0].nbytes * 2) if obs is not None else 1
+        group = max(1, min(steps, (16 << 20) // (B * row_bytes)))
+        done = 0
+        while done < steps:
+            k = min(group, steps - done)
+            yield replay.sample(B * k)
+            done += k
+
     def update(self, progress: float) -> dict[str, float]:
         cfg = self.cfg
         steps = cfg.gradient_steps if cfg.gradient_steps > 0 else self._since_update
         self._since_update = 0
         sums: dict[str, torch.Tensor] = {}
-        for _ in range(steps):
-            if cfg.prioritized:
-                self.replay.step = self.env_steps
-                self.replay.beta_steps = self.total_steps
-            batch = self.replay.sample(cfg.batch_size)
-            stats, td = self.train_step(batch)
-            if td is not None and cfg.prioritized:
-                try:
-                    self.replay.update_priorities(batch.indices, td)
-                except ValueError as e:
-                    raise TrainingError(f"{self.name}: {e}") from None
-            for k, v in stats.items():
-                sums[k] = sums[k] + v if k in sums else v.detach().clone()
-            self.grad_steps += 1
-        out = {k: v.item() / steps for k, v in sums.items()}
-        bad = [k for k in ("critic_loss", "q_loss", "actor_loss") if k in out and not torch.isfinite(torch.tensor(out[k]))]
+        for group in self._groups(steps):
+            with torch.no_grad():
+                shared = self.shared_targets(group)
+            batches = group.split(cfg.batch_size) if group.obs.shape[0] > cfg.batch_size else (group,)
+            for i, batch in enumerate(batches):
+                if shared is None:
+                    stats, td = self.train_step(batch)
+                else:
+                    stats, td = self.train_step(batch, shared[i * cfg.batch_size:(i + 1) * cfg.batch_size])
+                if td is not None and cfg.prioritized:
+                    try:
+                        self.replay.update_priorities(batch.indices, td)
+                    except ValueError as e:
+                        raise TrainingError(f"{self.name}: {e}") from None
+                for k, v in stats.items():  # summed as tensors: no host read per gradient step
+                    sums[k] = sums[k] + v if k in sums else v
+                self.grad_steps += 1
+        # one host read per update for all metrics
+        out = dict(zip(sums, (v / steps for v in torch.stack(list(sums.values())).tolist()))) if sums else {}
+        bad = [k for k in ("critic_loss", "q_loss", "actor_loss") if k in out and not math.isfinite(out[k])]
         if bad:
             raise TrainingError(
                 f"{self.name}: {bad[0]} became non-finite after {self.grad_steps} gradient steps "

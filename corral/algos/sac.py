@@ -75,7 +75,8 @@ class SAC(OffPolicy):
             target = batch.reward + batch.discount * next_q
         q = self.critics(obs, action)
         td = q - target
-        critic_loss = 0.5 * (td.square() * batch.weights).mean(1).sum()
+        sq = td.square() * batch.weights if cfg.prioritized else td.square()  # uniform weights are all 1
+        critic_loss = 0.5 * sq.mean(1).sum()
         self._step_optimizer(self.critic_opt, critic_loss)
         stats = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(), "alpha": alpha}
 

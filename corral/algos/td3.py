@@ -79,7 +79,8 @@ class TD3(OffPolicy):
             target = batch.reward + batch.discount * next_q
         q = self.critics(obs, action)  # [n_critics, B]
         td = q - target
-        critic_loss = (td.square() * batch.weights).mean(1).sum()
+        sq = td.square() * batch.weights if cfg.prioritized else td.square()  # uniform weights are all 1
+        critic_loss = sq.mean(1).sum()
         self._step_optimizer(self.critic_opt, critic_loss)
         stats = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean()}
 
