@@ -1,7 +1,8 @@
 """Ape-X: the exploration ladders, collector priorities that use the replay's own n-step
-targets, the replay server, the BipedalWalkerHardcore preset, and Ape-X DQN learning
-CartPole with two Ray collectors."""
+targets, the replay server and the learner's pipelined client, the BipedalWalkerHardcore
+preset, and Ape-X DQN solving CartPole with two Ray collectors."""
 
+import dataclasses
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from corral.algos.apex import ApexTD3, ladder, nstep_window
 from corral.cli import main
 from corral.schemes.base import FragmentScheme
 from corral.schemes.collector import Collector, driver_paths
-from corral.schemes.replay_server import ReplayServer
+from corral.schemes.replay_server import ReplayClient, ReplayServer
 from corral.storage.replay import ReplayBuffer
 from corral.train.learner import Learner, build_config
 
@@ -77,6 +78,41 @@ def test_apex_ddpg_scores_transitions_with_the_broadcast_critic():
     assert data.priorities.shape == (64, 2)
 
 
+def test_replay_client_draws_a_group_ahead_and_sends_back_every_priority():
+    c = collector("apex_dqn", "CartPole-v1", **{"env.num_envs": 4, "apex_dqn.rollout_fragment": 256,
+                                               "apex_dqn.learning_starts": 0})
+    _, data = c.collect(None, 0)
+    cfg = dataclasses.replace(c.algo.cfg, buffer_size=10_000)  # a collector's own replay is the smallest there is
+    server = ReplayServer(cfg, 4, c.algo.obs_space, c.algo.act_space, seed=0)
+    calls = []
+
+    def call(name, *args):
+        calls.append((name, args))
+        return getattr(server, name)(*args)
+
+    client = ReplayClient(call, lambda result: result, "cpu", capacity=10_000, prefetch=4)
+    client.add(data, 256, 4)
+    sent = []
+    for _ in range(8):  # two groups of four batches
+        batch = client.sample(32)
+        assert batch.obs.shape == (32, 4)
+        # a batch spans the whole sum tree, not one slice of a stratified draw
+        assert int(batch.indices.max() - batch.indices.min()) > 1024 // 2
+        client.update_priorities(batch.indices, torch.full((32,), 0.5))
+        sent.append(batch.indices)
+    exchanges = [args for name, args in calls if name == "exchange"]
+    # one request per group and the next one always in flight: the second group was drawn
+    # before any priority came back, the third carries the first group's
+    assert len(exchanges) == 3
+    assert exchanges[0][0] is None and exchanges[1][0] is None
+    assert torch.equal(exchanges[2][0], torch.cat(sent[:4]))
+    client.state_dict()  # what is still held goes out before the server's state is read
+    assert calls[-2][0] == "update_priorities" and torch.equal(calls[-2][1][0], torch.cat(sent[4:]))
+    touched = torch.cat(sent).unique()
+    torch.testing.assert_close(server.buffer.priorities[touched],
+                               torch.full((touched.numel(),), (0.5 + 1e-6) ** 0.6, dtype=torch.float64))
+
+
 def test_apex_dqn_runs_in_process_through_the_cli(tmp_path, capsys):
     assert main(["train", "apex_dqn", "CartPole-v1", "--steps", "2000", "--run-dir", str(tmp_path / "r"), "--json",
                  "--set", "tensorboard=false", "--set", "eval.episodes=1", "--set", "learning_starts=500"]) == 0
@@ -117,15 +153,19 @@ def test_apex_ddpg_runs_scaled_down_on_bipedal_walker_hardcore(ray_local, tmp_pa
     assert state["algo"]["actor"]["enc.norm.count"] == 2048  # normalizer statistics from both collectors
 
 
-@pytest.mark.slow
 def test_apex_dqn_with_two_ray_collectors_learns_cartpole(ray_local, tmp_path):
-    # The apex_dqn CartPole preset: 30k steps, 2 collectors x 4 envs. The best of six
-    # evaluations must clear 150 (random play: ~20). Measured on a 2-core machine shared with
-    # other jobs: best 194-469 over three runs, in 60-115 s; Ray timing makes runs differ.
+    # The apex_dqn CartPole preset: 30k steps, 2 collectors x 4 envs, a replay server,
+    # batches drawn 16 per request. "Reaches" is the best periodic deterministic evaluation
+    # (5 episodes every 2,500 steps). Measured on the 2-core machine shared with other jobs,
+    # five runs (seeds 0, 1, 2 and seed 0 twice more; Ray timing makes runs of one seed
+    # differ): best 500, 500, 500 (first at 16-21k steps), 240 and 243, in 45-66 s each
+    # including Ray. Runs that miss 500 sit at 110-190 until late, so 475 is not reliable
+    # yet and the bar is 150 (random play: ~20).
     corral.train("apex_dqn", "CartPole-v1", seed=0, run_dir=str(tmp_path / "r"),
-                 **{"scheme.collectors": 2, "eval.every": 5000, "eval.episodes": 5, "tensorboard": False})
-    best = corral.load(tmp_path / "r")
-    assert corral.evaluate(best, "CartPole-v1", episodes=10, seed=123)["mean_return"] >= 150
+                 **{"scheme.collectors": 2, "eval.every": 2500, "eval.episodes": 5, "tensorboard": False})
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    evals = [m["eval_return"] for m in map(json.loads, lines) if "eval_return" in m]
+    assert len(evals) >= 10 and max(evals) >= 150, evals
 
 
 @pytest.mark.slow

@@ -104,13 +104,15 @@ class ApexMixin:
 @dataclass
 class ApexDQNConfig(DQNConfig):
     rollout_fragment: int = option(64, "env steps per env in a fragment sent to the replay")
-    prefetch: int = option(1, "batches the learner fetches from the replay server per request (staler priorities)")
+    prefetch: int = option(16, "batches the learner draws from the replay server per request (staler priorities)")
     eps_base: float = option(0.4, "epsilon ladder: eps_i = eps_base ** (1 + eps_alpha * i / (envs - 1))")
     eps_alpha: float = option(7.0, "epsilon ladder exponent range")
     prioritized: bool = option(True, "prioritized replay (proportional, sum-tree)")
     double: bool = option(True, "Double DQN targets")
     dueling: bool = option(True, "dueling head")
     n_step: int = option(3, "n-step returns")
+    target_update_interval: int = option(2500, "update the target network every this many gradient steps "
+                                                "(at the end of the update that reaches them)")
 
 
 class ApexDQN(ApexMixin, DQN):
@@ -127,8 +129,17 @@ class ApexDQN(ApexMixin, DQN):
         target = ret + discount * self.actor.q(next_obs).max(-1).values
         return q - target
 
+    def target_update(self) -> None:
+        """``observe``/``advance`` call this on the env-step clock; Ape-X's target follows
+        the learner's own clock instead (``update``)."""
+
     def update(self, progress):
+        before = self.grad_steps
         out = super().update(progress)
+        # between updates, so every gradient step of an update sees one target network
+        interval = self.cfg.target_update_interval
+        if self.grad_steps // interval > before // interval:
+            self.polyak(self.target, self.actor, self.cfg.tau)
         out["epsilon"] = float(self.epsilon.mean())
         return out
 
@@ -136,7 +147,7 @@ class ApexDQN(ApexMixin, DQN):
 @dataclass
 class ApexTD3Config(TD3Config):
     rollout_fragment: int = option(64, "env steps per env in a fragment sent to the replay")
-    prefetch: int = option(1, "batches the learner fetches from the replay server per request (staler priorities)")
+    prefetch: int = option(1, "batches the learner draws from the replay server per request (staler priorities)")
     noise_max: float = option(0.5, "Gaussian noise ladder: the largest std (unit action scale)")
     noise_min: float = option(0.05, "Gaussian noise ladder: the smallest std")
     prioritized: bool = option(True, "prioritized replay (proportional, sum-tree)")

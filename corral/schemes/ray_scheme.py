@@ -19,14 +19,13 @@ import logging
 import os
 
 import ray
-import torch
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from corral.errors import UserError
 from corral.schemes.base import CollectorFailed, FragmentScheme
 from corral.schemes.collector import Collector, driver_paths, portable_env_spec
 from corral.schemes.grad import GradientWorker
-from corral.schemes.replay_server import ReplayServer, batch_to
+from corral.schemes.replay_server import ReplayClient, ReplayServer
 
 START_TIMEOUT_S = 300.0
 
@@ -167,68 +166,6 @@ class RayGradPool:
         self.pending.clear()
 
 
-class RemoteReplay:
-    """The learner's view of a replay server actor: what ``OffPolicy.update`` calls on a
-    replay buffer. Batches come ``prefetch`` at a time (the algorithm's ``prefetch``) with
-    the next request always in flight, so the learner pays one round trip per ``prefetch``
-    gradient steps; priority updates go in groups without waiting. Both leave priorities a
-    few steps stale, as in Ape-X; a batch drawn before the previous batches' priorities
-    landed repeats their high-priority samples, which on small problems costs more than the
-    round trips save (CartPole: prefetch 16 stalls at ~120, prefetch 1 reaches ~450)."""
-
-    def __init__(self, actor, device, capacity: int, prefetch: int = 1):
-        self.actor, self.device, self.capacity, self.prefetch = actor, device, capacity, prefetch
-        self.step = 0
-        self.beta_steps = 1
-        self.size = 0
-        self._queue: list = []
-        self._next = None
-        self._next_size = None
-        self._updates: list = []
-
-    def add(self, data_ref, rows: int, num_envs: int) -> None:
-        self.actor.add.remote(data_ref, rows)
-        self.size = min(self.capacity, self.size + rows * num_envs)
-
-    def can_sample(self, batch_size: int) -> bool:
-        return self.size >= batch_size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def _request(self, batch_size: int):
-        self._next = self.actor.sample_many.remote(batch_size, self.prefetch, self.step, self.beta_steps)
-        self._next_size = batch_size
-
-    def sample(self, batch_size: int):
-        if not self._queue:
-            self._flush()
-            if self._next is None or self._next_size != batch_size:
-                self._request(batch_size)
-            self._queue = ray.get(self._next)
-            self._request(batch_size)
-        self.step += 1
-        return batch_to(self._queue.pop(0), self.device)
-
-    def update_priorities(self, indices, td_errors) -> None:
-        ReplayServer.check_td(td_errors)
-        self._updates.append((indices.cpu(), td_errors.detach().cpu()))
-
-    def _flush(self) -> None:
-        if self._updates:
-            idx = torch.cat([i for i, _ in self._updates])
-            td = torch.cat([t for _, t in self._updates])
-            self.actor.update_priorities.remote(idx, td)
-            self._updates = []
-
-    def state_dict(self) -> dict:
-        self._flush()
-        return ray.get(self.actor.state_dict.remote())
-
-    def load_state_dict(self, state: dict) -> None:
-        ray.get(self.actor.load_state_dict.remote(state))
-
-
 class RayScheme(FragmentScheme):
     def __init__(self, learner):
         super().__init__(learner)
@@ -276,7 +213,8 @@ class RayScheme(FragmentScheme):
         algo = self.learner.algo
         remote = ray.remote(ReplayServer).options(num_cpus=self._cpus, max_restarts=0)
         actor = remote.remote(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
-        return RemoteReplay(actor, self.learner.device, local.capacity, int(getattr(algo.cfg, "prefetch", 1)))
+        return ReplayClient(lambda name, *args: getattr(actor, name).remote(*args), ray.get, self.learner.device,
+                            local.capacity, int(getattr(algo.cfg, "prefetch", 1)))
 
     def close(self, failing: bool = False) -> None:
         try:

@@ -1,15 +1,29 @@
 """A replay buffer as a service (Ape-X): collectors' fragments go in with the priorities
 the collectors computed, the learner samples batches and sends back new priorities.
 
-``ReplayServer`` is a plain object; the Ray scheme runs it in an actor, ``LocalReplay``
-calls it in-process. The buffer is the same ``PrioritizedReplayBuffer`` an in-process
-run uses, with the same layout (one column per env of a collector), so its
-``state_dict`` goes into checkpoints unchanged and a run resumes in either mode.
+``ReplayServer`` is a plain object; the Ray scheme runs it in an actor, and in-process
+runs (``LocalPool``, tests) call it directly. Either way the learner sees it through one
+``ReplayClient``, so the pipelining below is the same code in both. The buffer is the
+same ``PrioritizedReplayBuffer`` an in-process run uses, with the same layout (one column
+per env of a collector), so its ``state_dict`` goes into checkpoints unchanged and a run
+resumes in either mode.
+
+**Batches in groups.** The learner asks for ``prefetch`` batches per request and keeps the
+next request in flight while it trains on the current group, so it pays one round trip
+per group and never waits for the server's sampling. The request carries the priorities
+of every batch trained since the last one, and the server applies them before it draws
+(Ape-X's learner: prefetched batches, priorities sent back asynchronously). A group is one
+stratified draw of ``prefetch x batch_size`` slots in random order, cut into batches:
+sampling costs about the same for one batch as for sixteen (~1 ms on CPU here), so the
+server keeps up with the learner. The price is staleness: a group is drawn before the
+priorities of the group being trained (and, for the first request, of none) have landed,
+so priorities are 1 to 2 groups old when they steer sampling.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 import torch
 
@@ -22,10 +36,17 @@ def batch_to(batch: ReplayBatch, device) -> ReplayBatch:
                           for f in dataclasses.fields(batch)})
 
 
+def split_batch(batch: ReplayBatch, size: int) -> list[ReplayBatch]:
+    """Consecutive batches of ``size`` rows (views, no copies)."""
+    parts = [getattr(batch, f.name).split(size) for f in dataclasses.fields(batch)]
+    return [ReplayBatch(*p) for p in zip(*parts)]
+
+
 class ReplayServer:
     def __init__(self, algo_cfg, num_envs: int, obs_space, act_space, seed: int):
         torch.set_num_threads(1)
         c = algo_cfg
+        self.cfg = c
         kw = dict(device="cpu", seed=seed, n_step=c.n_step, gamma=c.gamma)
         if c.prioritized:
             self.buffer = PrioritizedReplayBuffer(c.buffer_size, num_envs, obs_space, act_space, alpha=c.per_alpha,
@@ -33,6 +54,7 @@ class ReplayServer:
         else:
             self.buffer = ReplayBuffer(c.buffer_size, num_envs, obs_space, act_space, **kw)
         self.num_envs = num_envs
+        self._order = torch.Generator().manual_seed(int(seed) + 1)  # shuffles a group's draw into batches
 
     def add(self, data: FragmentData, rows: int | None = None) -> int:
         """Append a fragment (or its first ``rows`` steps; the last one is a boundary) and
@@ -58,8 +80,22 @@ class ReplayServer:
             self.buffer.step, self.buffer.beta_steps = step, beta_steps
         return self.buffer.sample(batch_size)
 
-    def sample_many(self, batch_size: int, count: int, step: int, beta_steps: int) -> list[ReplayBatch]:
-        return [self.sample(batch_size, step + i, beta_steps) for i in range(count)]
+    def sample_group(self, batch_size: int, count: int, step: int, beta_steps: int) -> ReplayBatch:
+        """``count`` batches as one batch of ``count x batch_size`` rows: one stratified draw
+        in random order, so every consecutive ``batch_size`` rows are a batch drawn from the
+        whole priority distribution (not from one slice of the sum tree)."""
+        batch = self.sample(batch_size * count, step, beta_steps)
+        if count > 1:
+            order = torch.randperm(batch_size * count, generator=self._order)
+            batch = ReplayBatch(**{f.name: getattr(batch, f.name)[order] for f in dataclasses.fields(batch)})
+        return batch
+
+    def exchange(self, indices, td_errors, batch_size: int, count: int, step: int, beta_steps: int) -> ReplayBatch:
+        """The learner's one call per group: apply the priorities it learned (if any), then
+        draw its next ``count`` batches."""
+        if indices is not None:
+            self.update_priorities(indices, td_errors)
+        return self.sample_group(batch_size, count, step, beta_steps)
 
     def update_priorities(self, indices, td_errors) -> None:
         if isinstance(self.buffer, PrioritizedReplayBuffer):
@@ -82,17 +118,29 @@ class ReplayServer:
                              "learning rate, reward scale and target network update.")
 
 
-class LocalReplay:
-    """A ``ReplayServer`` in this process, behind the interface the learner uses."""
+class ReplayClient:
+    """The learner's view of a ``ReplayServer``: what ``OffPolicy.update`` calls on a replay
+    buffer (``add``, ``can_sample``, ``sample``, ``update_priorities``, state).
 
-    def __init__(self, server: ReplayServer, device, capacity: int):
-        self.server, self.device, self.capacity = server, device, capacity
+    ``call(name, *args)`` starts a server method and returns a handle, ``get(handle)`` its
+    result: Ray's ``actor.name.remote`` and ``ray.get`` for a server in an actor, a direct
+    call and the identity in this process. Server calls run in the order they are made, so
+    both see the same sequence of adds, priority updates and draws. Batches come
+    ``prefetch`` at a time with the next group's request in flight (module docstring)."""
+
+    def __init__(self, call: Callable[..., Any], get: Callable[[Any], Any], device, capacity: int, prefetch: int = 1):
+        self.call, self.get, self.device, self.capacity = call, get, device, capacity
+        self.prefetch = max(1, int(prefetch))
         self.step = 0
         self.beta_steps = 1
         self.size = 0
+        self._queue: list[ReplayBatch] = []
+        self._next = None  # (handle, batch_size) of the request in flight
+        self._updates: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def add(self, data: FragmentData, rows: int, num_envs: int) -> None:
-        self.size = self.server.add(data, rows)
+    def add(self, data, rows: int, num_envs: int) -> None:
+        self.call("add", data, rows)
+        self.size = min(self.capacity, self.size + rows * num_envs)
 
     def can_sample(self, batch_size: int) -> bool:
         return self.size >= batch_size
@@ -100,15 +148,51 @@ class LocalReplay:
     def __len__(self) -> int:
         return self.size
 
+    def _request(self, batch_size: int):
+        idx = td = None
+        if self._updates:
+            idx = torch.cat([i for i, _ in self._updates])
+            td = torch.cat([t for _, t in self._updates])
+            self._updates = []
+        return self.call("exchange", idx, td, batch_size, self.prefetch, self.step, self.beta_steps), batch_size
+
     def sample(self, batch_size: int) -> ReplayBatch:
-        return batch_to(self.server.sample(batch_size, self.step, self.beta_steps), self.device)
+        if not self._queue:
+            if self._next is None or self._next[1] != batch_size:
+                self._next = self._request(batch_size)
+            group = self.get(self._next[0])
+            self._next = self._request(batch_size)  # drawn while this group trains
+            self._queue = split_batch(group, batch_size)[::-1]
+        self.step += 1
+        return batch_to(self._queue.pop(), self.device)
 
     def update_priorities(self, indices, td_errors) -> None:
         ReplayServer.check_td(td_errors)
-        self.server.update_priorities(indices.cpu(), td_errors.detach().cpu())
+        self._updates.append((indices.detach().cpu(), td_errors.detach().cpu()))
+
+    def flush(self) -> None:
+        """Send priorities still held here (before the server's state is read)."""
+        if self._updates:
+            idx = torch.cat([i for i, _ in self._updates])
+            td = torch.cat([t for _, t in self._updates])
+            self._updates = []
+            self.call("update_priorities", idx, td)
 
     def state_dict(self) -> dict:
-        return self.server.state_dict()
+        self.flush()
+        return self.get(self.call("state_dict"))
 
     def load_state_dict(self, state: dict) -> None:
-        self.server.load_state_dict(state)
+        self._queue, self._next = [], None  # batches drawn from what is being replaced
+        self.get(self.call("load_state_dict", state))
+
+
+class LocalReplay(ReplayClient):
+    """A ``ReplayServer`` in this process, behind the same client."""
+
+    def __init__(self, server: ReplayServer, device, capacity: int, prefetch: int | None = None):
+        self.server = server
+        if prefetch is None:
+            prefetch = int(getattr(server.cfg, "prefetch", 1))
+        super().__init__(lambda name, *args: getattr(server, name)(*args), lambda result: result, device, capacity,
+                         prefetch)
