@@ -416,16 +416,21 @@ class Learner:
             hooks.insert(0, ProgressHook(self))
         start = time.perf_counter() - self.train_seconds
         stopped_early = False
+        updates = 0
         try:
+            # Training time ends with the last update: stopping workers afterwards (a Ray
+            # shutdown takes a second or two) is teardown, not training.
             for stats in self.make_stream():
                 self.train_seconds = time.perf_counter() - start
+                updates += 1
                 for hook in hooks:
                     hook(self, stats)
                 if (cfg.stop_at_return is not None and len(self.recent_returns) == self.recent_returns.maxlen
                         and self.last20_return >= cfg.stop_at_return):
                     stopped_early = True
                     break
-            self.train_seconds = time.perf_counter() - start
+            if updates == 0:
+                self.train_seconds = time.perf_counter() - start
         except BaseException:
             self.failed = True
             raise
