@@ -154,18 +154,18 @@ def test_apex_ddpg_runs_scaled_down_on_bipedal_walker_hardcore(ray_local, tmp_pa
 
 
 def test_apex_dqn_with_two_ray_collectors_learns_cartpole(ray_local, tmp_path):
-    # The apex_dqn CartPole preset: 30k steps, 2 collectors x 4 envs, a replay server,
-    # batches drawn 16 per request. "Reaches" is the best periodic deterministic evaluation
-    # (5 episodes every 2,500 steps). Measured on the 2-core machine shared with other jobs,
-    # five runs (seeds 0, 1, 2 and seed 0 twice more; Ray timing makes runs of one seed
-    # differ): best 500, 500, 500 (first at 16-21k steps), 240 and 243, in 45-66 s each
-    # including Ray. Runs that miss 500 sit at 110-190 until late, so 475 is not reliable
-    # yet and the bar is 150 (random play: ~20).
+    # The apex_dqn CartPole preset: 40k steps, 2 collectors x 4 envs, a replay server,
+    # batches drawn 16 per request. "Learns" is the best periodic deterministic evaluation
+    # (5 episodes every 2,500 steps). Measured on the 2-core machine, five runs (seeds 0, 1,
+    # 2 and seed 0 twice more; Ray timing makes runs of one seed differ): best 500 in all
+    # five, first at 17.5-32.5k steps, about a minute each including Ray. This test itself
+    # reached >= 475 in 6 runs of 7; the one miss is unexplained Ray-timing variance, so the
+    # CI bar is a clearly learned policy (random play scores ~20; earlier stalled runs ~240).
     corral.train("apex_dqn", "CartPole-v1", seed=0, run_dir=str(tmp_path / "r"),
                  **{"scheme.collectors": 2, "eval.every": 2500, "eval.episodes": 5, "tensorboard": False})
     lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
     evals = [m["eval_return"] for m in map(json.loads, lines) if "eval_return" in m]
-    assert len(evals) >= 10 and max(evals) >= 150, evals
+    assert len(evals) >= 14 and max(evals) >= 200, evals
 
 
 @pytest.mark.slow
