@@ -46,6 +46,23 @@ class MLP(nn.Sequential):
             last = out_dim
         super().__init__(*layers)
         self.out_dim = last
+        # (weight, bias, activation function or None) per Linear: forward runs them as a plain
+        # loop of F.linear, about a third less Python time than a module call per layer. The
+        # Parameters are the modules' own objects, so .to(), load_state_dict(), FlatAdam's
+        # views and deepcopy (the memo maps them to the copy's) all keep them in step.
+        self._plan = []
+        for m in self:
+            if isinstance(m, nn.Linear):
+                self._plan.append([m.weight, m.bias, None])
+            else:
+                self._plan[-1][2] = ACTIVATION_FNS[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w, b, act in self._plan:
+            x = nn.functional.linear(x, w, b)
+            if act is not None:
+                x = act(x)
+        return x
 
 
 def is_image_space(space) -> bool:

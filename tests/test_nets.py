@@ -73,3 +73,19 @@ def test_frozen_parameters_get_no_gradient_but_the_input_does():
     reference(net, ref_x).sum().backward()
     assert all(p.grad is None for p in net.parameters())
     assert torch.allclose(x.grad, ref_x.grad, atol=1e-6)
+
+
+def test_mlp_forward_is_its_layers_in_order_and_survives_deepcopy():
+    import copy
+
+    from corral.nets import MLP
+
+    torch.manual_seed(3)
+    net = MLP(4, (8, 8), "relu", out_dim=2)
+    x = torch.randn(5, 4)
+    assert torch.equal(net(x), torch.nn.Sequential.forward(net, x))
+    twin = copy.deepcopy(net)
+    with torch.no_grad():
+        twin[0].weight.add_(1.0)  # the copy's forward must use the copy's parameters
+    assert torch.equal(twin(x), torch.nn.Sequential.forward(twin, x))
+    assert not torch.equal(twin(x), net(x))

@@ -13,34 +13,6 @@ from corral.actors.normalizer import RunningNormalizer
 from corral.nets import MLP, NatureCNN, ParallelMLP, is_image_space
 
 
-_FUNCTIONAL = {nn.ReLU: torch.relu, nn.Tanh: torch.tanh, nn.ELU: nn.functional.elu, nn.SiLU: nn.functional.silu}
-
-
-class FastMLP:
-    """Runs an ``MLP`` (an ``nn.Sequential`` of Linear and activation modules) as a
-    plain loop of ``F.linear`` and activation functions: the same ops, without a
-    module call per layer (~1/3 of the Python time of a small forward pass). It
-    holds the module's own Parameters, which stay the same objects through
-    ``.to()``, ``load_state_dict()``, FlatAdam and ``deepcopy`` (the copy's list
-    points at the copy's Parameters)."""
-
-    def __init__(self, mlp: nn.Sequential):
-        plan: list[list] = []
-        for m in mlp:
-            if isinstance(m, nn.Linear):
-                plan.append([m.weight, m.bias, None])
-            else:
-                plan[-1][2] = _FUNCTIONAL[type(m)]
-        self.plan = [tuple(p) for p in plan]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        for w, b, act in self.plan:
-            x = nn.functional.linear(x, w, b)
-            if act is not None:
-                x = act(x)
-        return x
-
-
 class ObsEncoder(nn.Module):
     """Normalizer + flatten: what every off-policy net sees first."""
 
@@ -75,11 +47,10 @@ class QNetwork(nn.Module):
             self.streams = ParallelMLP(2, self.body.out_dim, hidden[-1:], activation, out_dim=self.n)
         else:
             self.body = MLP(self.enc.dim, hidden, activation, out_dim=self.n)
-        self._body = FastMLP(self.body)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Q-values from already-normalized flat observations."""
-        h = self._body(x)
+        h = self.body(x)
         if not self.dueling:
             return h
         out = self.streams(h)
@@ -126,10 +97,9 @@ class DeterministicActor(nn.Module):
         self.enc = ObsEncoder(obs_space, normalize_obs, allow_images=False)
         self.box = ActionBox(act_space)
         self.net = MLP(self.enc.dim, hidden, activation, out_dim=self.box.dim)
-        self._net = FastMLP(self.net)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self._net(x))
+        return torch.tanh(self.net(x))
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True, generator=None) -> torch.Tensor:
@@ -148,10 +118,9 @@ class SquashedGaussianActor(nn.Module):
         self.enc = ObsEncoder(obs_space, normalize_obs, allow_images=False)
         self.box = ActionBox(act_space)
         self.net = MLP(self.enc.dim, hidden, activation, out_dim=2 * self.box.dim)
-        self._net = FastMLP(self.net)
 
     def forward(self, x: torch.Tensor, generator=None, deterministic: bool = False):
-        mean, log_std = self._net(x).chunk(2, dim=-1)
+        mean, log_std = self.net(x).chunk(2, dim=-1)
         if deterministic:
             return torch.tanh(mean), None
         log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
