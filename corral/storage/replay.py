@@ -320,9 +320,8 @@ class ReplayBuffer:
 
     # -- adding ----------------------------------------------------------------------------------
 
-    def _as_input(self, x: Any, name: str) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            x = torch.as_tensor(x)
+    def _shaped(self, x, name: str):
+        """``x`` (tensor or array) in the shape ``add`` expects for ``name``, or a clear error."""
         want = self._add_shapes[name]
         if x.shape != want:
             if x.shape == (*want, 1):
@@ -333,6 +332,9 @@ class ReplayBuffer:
             )
         return x
 
+    def _as_input(self, x: Any, name: str) -> torch.Tensor:
+        return self._shaped(x if isinstance(x, torch.Tensor) else torch.as_tensor(x), name)
+
     def _as_array(self, x: Any, name: str) -> np.ndarray:
         """``_as_input`` for the numpy path: a CPU array of the expected shape (no copy for CPU tensors)."""
         if isinstance(x, torch.Tensor):
@@ -342,15 +344,7 @@ class ReplayBuffer:
                 x = x.detach().cpu().numpy()
         elif not isinstance(x, np.ndarray):
             x = np.asarray(x)
-        want = self._add_shapes[name]
-        if x.shape != want:
-            if x.shape == (*want, 1):
-                return x.reshape(want)
-            raise ValueError(
-                f"ReplayBuffer.add: {name} has shape {tuple(x.shape)}, expected {want} "
-                f"(num_envs={self.num_envs}, one entry per env)"
-            )
-        return x
+        return self._shaped(x, name)
 
     def add(self, obs, action, reward, terminated, truncated, next_obs) -> None:
         """Add one transition per env.
