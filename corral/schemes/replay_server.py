@@ -36,12 +36,6 @@ def batch_to(batch: ReplayBatch, device) -> ReplayBatch:
                           for f in dataclasses.fields(batch)})
 
 
-def split_batch(batch: ReplayBatch, size: int) -> list[ReplayBatch]:
-    """Consecutive batches of ``size`` rows (views, no copies)."""
-    parts = [getattr(batch, f.name).split(size) for f in dataclasses.fields(batch)]
-    return [ReplayBatch(*p) for p in zip(*parts)]
-
-
 class ReplayServer:
     def __init__(self, algo_cfg, num_envs: int, obs_space, act_space, seed: int):
         torch.set_num_threads(1)
@@ -162,7 +156,7 @@ class ReplayClient:
                 self._next = self._request(batch_size)
             group = self.get(self._next[0])
             self._next = self._request(batch_size)  # drawn while this group trains
-            self._queue = split_batch(group, batch_size)[::-1]
+            self._queue = group.split(batch_size)[::-1]
         self.step += 1
         return batch_to(self._queue.pop(), self.device)
 
