@@ -90,8 +90,10 @@ def test_impala_with_two_async_ray_collectors_solves_cartpole(tmp_path):
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     corral.train("impala", "CartPole-v1", steps=100_000, seed=0, run_dir=str(tmp_path / "r"),
-                 **{"scheme.collectors": 2, "eval.every": 10_000, "eval.episodes": 5, "tensorboard": False})
+                 **{"scheme.collectors": 2, "eval.every": 5_000, "eval.episodes": 10, "tensorboard": False})
     lags = [json.loads(line).get("policy_lag") for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert any(lag is not None and lag > 0 for lag in lags), "async collectors act with lagging parameters"
-    best = corral.load(tmp_path / "r")  # the best periodic evaluation
+    # the best periodic evaluation; 10 episodes each, as 5 picked a 500-on-5 policy that scored
+    # 469 on 10 held-out episodes in one CI run (async runs differ run to run)
+    best = corral.load(tmp_path / "r")
     assert corral.evaluate(best, "CartPole-v1", episodes=10, seed=123)["mean_return"] >= 475
