@@ -71,8 +71,8 @@ class ActionBox(nn.Module):
 
     def __init__(self, space: gym.spaces.Box):
         super().__init__()
-        low = torch.as_tensor(space.low, dtype=torch.float32).flatten()
-        high = torch.as_tensor(space.high, dtype=torch.float32).flatten()
+        low = torch.tensor(space.low, dtype=torch.float32).flatten()  # a copy: spaces from Ray are read-only
+        high = torch.tensor(space.high, dtype=torch.float32).flatten()
         if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
             raise ValueError(f"continuous off-policy algorithms need finite action bounds, got {space}")
         self.register_buffer("low", low)
@@ -119,13 +119,15 @@ class SquashedGaussianActor(nn.Module):
         self.box = ActionBox(act_space)
         self.net = MLP(self.enc.dim, hidden, activation, out_dim=2 * self.box.dim)
 
-    def forward(self, x: torch.Tensor, generator=None, deterministic: bool = False):
+    def forward(self, x: torch.Tensor, generator=None, deterministic: bool = False, noise=None):
+        """(action in [-1, 1], log-prob); the standard normal draw is ``noise`` when given."""
         mean, log_std = self.net(x).chunk(2, dim=-1)
         if deterministic:
             return torch.tanh(mean), None
         log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         std = log_std.exp()
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device)
+        if noise is None:
+            noise = torch.randn(mean.shape, generator=generator, device=mean.device)
         pre = mean + std * noise
         action = torch.tanh(pre)
         # log N(pre) - sum log(1 - tanh^2), the latter in the stable form 2(log2 - pre - softplus(-2 pre))

@@ -83,7 +83,7 @@ class DQN(OffPolicy):
         # forward over every step's next_obs serves the whole update.
         return self.target.q(batch.next_obs)
 
-    def train_step(self, batch, next_q_target=None):
+    def phases(self, batch, noise, next_q_target=None):
         """One gradient step; ``next_q_target`` is the target net's Q of ``batch.next_obs`` if already known."""
         cfg = self.cfg
         B = batch.obs.shape[0]
@@ -105,7 +105,7 @@ class DQN(OffPolicy):
         per_sample = F.smooth_l1_loss(q, target, reduction="none") if cfg.loss == "huber" else (q - target).square()
         # uniform replay's weights are all 1: skipping the product leaves the loss bit for bit the same
         loss = (per_sample * batch.weights).mean() if cfg.prioritized else per_sample.mean()
-        self._step_optimizer(self.optimizer, loss)
+        yield self.optimizer, loss
         stats = {"q_loss": loss.detach(), "q_mean": q.detach().mean()}
         return stats, ((q.detach() - target).abs() if cfg.prioritized else None)
 

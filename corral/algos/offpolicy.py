@@ -1,6 +1,16 @@
 """What every replay-based algorithm shares: the replay buffer, the training cadence
 (learning starts, train frequency, gradient steps), target-network updates, and the
-checkpointed state. Each algorithm adds its networks, ``explore`` and ``train_step``."""
+checkpointed state. Each algorithm adds its networks, ``explore`` and ``phases``.
+
+A gradient step is written once, as the generator ``phases(batch, noise, shared)``: it
+yields ``(optimizer, loss)`` for each optimizer step in order (SAC: critics, actor,
+temperature), whoever drives it steps that optimizer with that loss's gradient before
+resuming, and it returns ``(stats, |TD errors| or None)``. In-process, ``train_step``
+drives it with ``loss.backward(); optimizer.step()``. Gradient workers
+(``corral.schemes.grad``) drive the same generator on shards of the batch and send the
+gradients back to be averaged, so the two cannot drift apart. Random draws of a step
+come from ``draw_noise`` (the learner's stream, whole batch) and side effects that are not
+gradients (Polyak targets) from ``after_step``; both run on the learner only."""
 
 from __future__ import annotations
 
@@ -15,6 +25,17 @@ from corral.config import option
 from corral.errors import TrainingError, UserError
 from corral.optim import FlatAdam
 from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer, ReplayCapacityError
+
+
+def drive(phases, step) -> Any:
+    """Run a ``phases`` generator: ``step(optimizer, loss)`` at each yield; its return value."""
+    try:
+        optimizer, loss = next(phases)
+        while True:
+            step(optimizer, loss)
+            optimizer, loss = phases.send(None)
+    except StopIteration as stop:
+        return stop.value
 
 
 @dataclass
@@ -95,9 +116,42 @@ class OffPolicy(Algorithm):
     def target_update(self) -> None:
         """Called every ``target_update_interval`` env steps."""
 
-    def train_step(self, batch: ReplayBatch) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-        """One gradient step; returns (metrics as 0-dim tensors, new |TD errors| for PER or None)."""
+    def draw_noise(self, batch_size: int) -> dict[str, torch.Tensor]:
+        """The random tensors one gradient step uses, rows per transition, drawn from the
+        learner's streams in the order the step uses them."""
+        return {}
+
+    def phases(self, batch: ReplayBatch, noise: dict[str, torch.Tensor], shared: torch.Tensor | None = None):
+        """One gradient step as a generator of ``(optimizer, loss)``; returns (metrics as
+        0-dim tensors, new |TD errors| for PER or None). Every loss is a mean over the
+        batch's rows, so a gradient over all rows is the row-weighted mean of the gradients
+        over any split of them."""
         raise NotImplementedError
+
+    def after_step(self, stats: dict[str, torch.Tensor]) -> None:
+        """What a gradient step does besides optimizer steps (targets); before ``grad_steps`` counts it."""
+
+    def optimizers(self) -> list[FlatAdam]:
+        """Every optimizer the phases may yield, in a fixed order (gradient workers name them by index)."""
+        return [v for _, v in sorted(vars(self).items()) if isinstance(v, FlatAdam)]
+
+    def synced_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a gradient step reads: parameters and buffers of all networks
+        (targets and normalizers included) and free parameters such as SAC's temperature."""
+        out: list[torch.Tensor] = []
+        for _, v in sorted(vars(self).items()):
+            if isinstance(v, torch.nn.Module):
+                out += list(v.parameters()) + list(v.buffers())
+            elif isinstance(v, torch.Tensor) and v.is_leaf and v.requires_grad:
+                out.append(v)
+        return out
+
+    def train_step(self, batch: ReplayBatch, shared: torch.Tensor | None = None):
+        """One gradient step; returns (metrics as 0-dim tensors, new |TD errors| for PER or None)."""
+        noise = self.draw_noise(batch.obs.shape[0])
+        stats, td = drive(self.phases(batch, noise, shared), self._step_optimizer)
+        self.after_step(stats)
+        return stats, td
 
     # --- the Algorithm interface
     def observe(self, obs, extras, reward, terminated, truncated, final_obs, next_obs):
@@ -162,10 +216,8 @@ class OffPolicy(Algorithm):
                 shared = self.shared_targets(group)
             batches = group.split(cfg.batch_size) if group.obs.shape[0] > cfg.batch_size else (group,)
             for i, batch in enumerate(batches):
-                if shared is None:
-                    stats, td = self.train_step(batch)
-                else:
-                    stats, td = self.train_step(batch, shared[i * cfg.batch_size:(i + 1) * cfg.batch_size])
+                rows = None if shared is None else shared[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+                stats, td = self.train_step(batch, rows)
                 if td is not None and cfg.prioritized:
                     try:
                         self.replay.update_priorities(batch.indices, td)
@@ -176,6 +228,10 @@ class OffPolicy(Algorithm):
                 self.grad_steps += 1
         # one host read per update for all metrics
         out = dict(zip(sums, (v / steps for v in torch.stack(list(sums.values())).tolist()))) if sums else {}
+        return self.checked(out)
+
+    def checked(self, out: dict[str, float]) -> dict[str, float]:
+        """An update's metrics, or an error naming the loss that became non-finite."""
         bad = [k for k in ("critic_loss", "q_loss", "actor_loss") if k in out and not math.isfinite(out[k])]
         if bad:
             raise TrainingError(

@@ -63,39 +63,54 @@ class SAC(OffPolicy):
         env_action = box.to_env(unit)
         return env_action, {"action": env_action}
 
-    def train_step(self, batch):
+    def _actor_step(self) -> bool:
+        return (self.grad_steps + 1) % self.cfg.policy_delay == 0
+
+    def draw_noise(self, batch_size):
+        # as the step uses them: the next action's sample, then the new action's (actor steps only)
+        shape = (batch_size, self.actor.box.dim)
+        noise = {"next": torch.randn(shape, generator=self.rng["noise"], device=self.device)}
+        if self._actor_step():
+            noise["new"] = torch.randn(shape, generator=self.rng["noise"], device=self.device)
+        return noise
+
+    def phases(self, batch, noise, shared=None):
         cfg = self.cfg
         enc = self.actor.enc
         obs, next_obs = enc(batch.obs), enc(batch.next_obs)
         action = self.actor.box.to_unit(batch.action)
         alpha = self.log_alpha.detach().exp()
         with torch.no_grad():
-            next_action, next_logp = self.actor(next_obs, self.rng["noise"])
+            next_action, next_logp = self.actor(next_obs, noise=noise["next"])
             next_q = self.critics_target(next_obs, next_action).min(0).values - alpha * next_logp
             target = batch.reward + batch.discount * next_q
         q = self.critics(obs, action)
         td = q - target
         sq = td.square() * batch.weights if cfg.prioritized else td.square()  # uniform weights are all 1
         critic_loss = 0.5 * sq.mean(1).sum()
-        self._step_optimizer(self.critic_opt, critic_loss)
+        yield self.critic_opt, critic_loss
         stats = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(), "alpha": alpha}
 
-        if (self.grad_steps + 1) % cfg.policy_delay == 0:
-            new_action, logp = self.actor(obs, self.rng["noise"])
+        if self._actor_step():
+            new_action, logp = self.actor(obs, noise=noise["new"])
             # Critic weights are frozen for this loss: they only carry gradient to the action.
             self.critics.requires_grad_(False)
             q_new = self.critics(obs, new_action).min(0).values
-            self.critics.requires_grad_(True)
             actor_loss = (alpha * logp - q_new).mean()
-            self._step_optimizer(self.actor_opt, actor_loss)
+            try:
+                yield self.actor_opt, actor_loss
+            finally:
+                self.critics.requires_grad_(True)
             stats["actor_loss"] = actor_loss.detach()
             stats["entropy"] = -logp.detach().mean()
             if self.auto_alpha:
                 alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
-                self._step_optimizer(self.alpha_opt, alpha_loss)
-        if (self.grad_steps + 1) % cfg.target_update_interval == 0:
-            self.polyak(self.critics_target, self.critics, cfg.tau)
+                yield self.alpha_opt, alpha_loss
         return stats, (td.detach().abs().max(0).values if cfg.prioritized else None)
+
+    def after_step(self, stats):
+        if (self.grad_steps + 1) % self.cfg.target_update_interval == 0:
+            self.polyak(self.critics_target, self.critics, self.cfg.tau)
 
     def _state(self):
         state = {"actor": self.actor.state_dict(), "critics": self.critics.state_dict(),

@@ -64,7 +64,16 @@ class TD3(OffPolicy):
         env_action = box.to_env(unit)
         return env_action, {"action": env_action}
 
-    def train_step(self, batch):
+    def _actor_step(self) -> bool:
+        return (self.grad_steps + 1) % self.cfg.policy_delay == 0
+
+    def draw_noise(self, batch_size):
+        if self.cfg.target_noise <= 0:
+            return {}
+        shape = (batch_size, self.actor.box.dim)
+        return {"target": torch.randn(shape, generator=self.rng["noise"], device=self.device)}
+
+    def phases(self, batch, noise, shared=None):
         cfg = self.cfg
         enc = self.actor.enc
         obs, next_obs = enc(batch.obs), enc(batch.next_obs)
@@ -72,30 +81,35 @@ class TD3(OffPolicy):
         with torch.no_grad():
             next_action = self.actor_target(next_obs)
             if cfg.target_noise > 0:
-                noise = torch.randn(next_action.shape, generator=self.rng["noise"], device=self.device)
-                noise = (noise * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
-                next_action = (next_action + noise).clamp(-1.0, 1.0)
+                smoothing = (noise["target"] * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
+                next_action = (next_action + smoothing).clamp(-1.0, 1.0)
             next_q = self.critics_target(next_obs, next_action).min(0).values
             target = batch.reward + batch.discount * next_q
         q = self.critics(obs, action)  # [n_critics, B]
         td = q - target
         sq = td.square() * batch.weights if cfg.prioritized else td.square()  # uniform weights are all 1
         critic_loss = sq.mean(1).sum()
-        self._step_optimizer(self.critic_opt, critic_loss)
+        yield self.critic_opt, critic_loss
         stats = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean()}
 
-        if (self.grad_steps + 1) % cfg.policy_delay == 0:
+        if self._actor_step():
             # Only the actor's parameters step; the critics just pass gradients to the action.
             self.critics.requires_grad_(False)
             actor_loss = -self.critics(obs, self.actor(obs))[0].mean()
-            self._step_optimizer(self.actor_opt, actor_loss)
-            self.critics.requires_grad_(True)
-            self.polyak(self.critics_target, self.critics, cfg.tau)
-            self.polyak(self.actor_target, self.actor, cfg.tau)
-            self._last_actor_loss = actor_loss.detach()
-        if hasattr(self, "_last_actor_loss"):
-            stats["actor_loss"] = self._last_actor_loss
+            try:
+                yield self.actor_opt, actor_loss
+            finally:
+                self.critics.requires_grad_(True)
+            stats["actor_loss"] = actor_loss.detach()
         return stats, (td.detach().abs().max(0).values if cfg.prioritized else None)
+
+    def after_step(self, stats):
+        if "actor_loss" in stats:
+            self.polyak(self.critics_target, self.critics, self.cfg.tau)
+            self.polyak(self.actor_target, self.actor, self.cfg.tau)
+            self._last_actor_loss = stats["actor_loss"]
+        elif hasattr(self, "_last_actor_loss"):
+            stats["actor_loss"] = self._last_actor_loss
 
     def _state(self):
         return {"actor": self.actor.state_dict(), "critics": self.critics.state_dict(),

@@ -148,8 +148,11 @@ class RayGradPool:
     def gradients(self, params, jobs: list) -> list:
         return ray.get([w.gradient.remote(params, *job) for w, job in zip(self.workers, jobs)])
 
-    def submit(self, w: int, params, tag, job) -> None:
-        self.pending[self.workers[w].gradient.remote(params, *job)] = (w, tag)
+    def call(self, method: str, jobs: list) -> list:
+        return ray.get([getattr(w, method).remote(*job) for w, job in zip(self.workers, jobs)])
+
+    def submit(self, w: int, params, tag, job, method: str = "gradient") -> None:
+        self.pending[getattr(self.workers[w], method).remote(params, *job)] = (w, tag)
 
     def wait(self) -> tuple:
         ready, _ = ray.wait(list(self.pending), num_returns=1)
