@@ -66,7 +66,8 @@ class MLP(nn.Sequential):
 
 
 def is_image_space(space) -> bool:
-    """uint8 Box with 3 dims, channels first (Atari after frame stacking: 4x84x84)."""
+    """uint8 Box with 3 dims: channels first (Atari after frame stacking: 4x84x84) or
+    last (CarRacing: 96x96x3)."""
     import numpy as np
 
     shape = getattr(space, "shape", None)
@@ -79,6 +80,10 @@ class NatureCNN(nn.Module):
 
     def __init__(self, shape: tuple[int, int, int], features: int = 512):
         super().__init__()
+        # channels last (CarRacing's 96x96x3 RGB) is read as such and permuted inside
+        self.channels_last = shape[-1] <= 4 < shape[0]
+        if self.channels_last:
+            shape = (shape[2], shape[0], shape[1])
         c = shape[0]
         self.conv = nn.Sequential(
             nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
@@ -92,6 +97,8 @@ class NatureCNN(nn.Module):
         self.out_dim = features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
         return self.fc(self.conv(x.float() * (1.0 / 255.0)))
 
 

@@ -57,3 +57,24 @@ class BlowUpEnv(gym.Env):
         self.n += 1
         r = 3e38 if self.n > self.after else 1.0
         return np.zeros(4, np.float32), r, False, self.n % 50 == 0, {}
+
+
+class PixelTarget(gym.Env):
+    """One-step episodes: a bright column at a random position in a 36x36 frame; the action
+    should name that position in [-1, 1]. Reward -|action - position|: about -0.67 for a
+    random policy, -0.5 for a constant 0, 0 for a perfect one."""
+
+    observation_space = gym.spaces.Box(0, 255, (1, 36, 36), np.uint8)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.col = int(self.np_random.integers(0, 36))
+        frame = np.zeros((1, 36, 36), np.uint8)
+        frame[0, :, self.col] = 255
+        return frame, {}
+
+    def step(self, action):
+        target = self.col / 35 * 2 - 1
+        frame = np.zeros((1, 36, 36), np.uint8)
+        return frame, -abs(float(action[0]) - target), True, False, {}

@@ -21,7 +21,7 @@ class ObsEncoder(nn.Module):
         self.shape = tuple(obs_space.shape)
         image = is_image_space(obs_space)
         if image and not allow_images:
-            raise ValueError("image observations are supported by dqn and ppo so far, not by this algorithm")
+            raise ValueError("image observations are not supported by this network")
         self.norm = RunningNormalizer(self.shape, enabled=normalize and not image)
         self.cnn = NatureCNN(self.shape) if image else None
         self.dim = self.cnn.out_dim if image else int(math.prod(self.shape))
@@ -94,7 +94,7 @@ class DeterministicActor(nn.Module):
     def __init__(self, obs_space, act_space: gym.spaces.Box, hidden=(256, 256), activation="relu",
                  normalize_obs: bool = False):
         super().__init__()
-        self.enc = ObsEncoder(obs_space, normalize_obs, allow_images=False)
+        self.enc = ObsEncoder(obs_space, normalize_obs)
         self.box = ActionBox(act_space)
         self.net = MLP(self.enc.dim, hidden, activation, out_dim=self.box.dim)
 
@@ -115,7 +115,7 @@ class SquashedGaussianActor(nn.Module):
     def __init__(self, obs_space, act_space: gym.spaces.Box, hidden=(256, 256), activation="relu",
                  normalize_obs: bool = False):
         super().__init__()
-        self.enc = ObsEncoder(obs_space, normalize_obs, allow_images=False)
+        self.enc = ObsEncoder(obs_space, normalize_obs)
         self.box = ActionBox(act_space)
         self.net = MLP(self.enc.dim, hidden, activation, out_dim=2 * self.box.dim)
 
@@ -141,13 +141,27 @@ class SquashedGaussianActor(nn.Module):
 
 
 class Critics(nn.Module):
-    """``n`` independent Q(s, a) networks evaluated as one batched module -> ``[n, B]``."""
+    """``n`` independent Q(s, a) networks evaluated as one batched module -> ``[n, B]``.
 
-    def __init__(self, obs_dim: int, act_dim: int, n: int = 2, hidden=(256, 256), activation="relu"):
+    With ``image_shape`` the critics have a Nature CNN of their own (one, shared by the
+    ``n`` heads, trained by the critic loss, as SB3's default for pixels) and see raw
+    observations; otherwise they see the actor encoder's output (``view`` picks)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, n: int = 2, hidden=(256, 256), activation="relu",
+                 image_shape: tuple[int, ...] | None = None):
         super().__init__()
         self.n = n
+        self.cnn = NatureCNN(image_shape) if image_shape is not None else None
+        if self.cnn is not None:
+            obs_dim = self.cnn.out_dim
         self.net = ParallelMLP(n, obs_dim + act_dim, hidden, activation, out_dim=1,
                                out_gains=tuple([1.0] * n))
 
+    def view(self, raw: torch.Tensor, encoded: torch.Tensor) -> torch.Tensor:
+        """What ``forward`` takes: raw observations for an own CNN, else the actor encoder's output."""
+        return raw if self.cnn is not None else encoded
+
     def forward(self, x: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        if self.cnn is not None:
+            x = self.cnn(x)
         return self.net(torch.cat([x, action], dim=-1)).squeeze(-1)

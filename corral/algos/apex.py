@@ -182,6 +182,7 @@ class ApexTD3(ApexMixin, TD3):
     def td_errors(self, obs, action, ret, next_obs, discount):
         enc = self.actor.enc
         o, no = enc(obs), enc(next_obs)
-        q = self.critics(o, self.actor.box.to_unit(action))
-        target = ret + discount * self.critics(no, self.actor(no)).min(0).values
+        view = self.critics.view
+        q = self.critics(view(obs, o), self.actor.box.to_unit(action))
+        target = ret + discount * self.critics(view(next_obs, no), self.actor(no)).min(0).values
         return (q - target).abs().max(0).values

@@ -38,7 +38,8 @@ class SAC(OffPolicy):
 
         def build():
             actor = SquashedGaussianActor(obs_space, act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs)
-            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation)
+            image = tuple(obs_space.shape) if actor.enc.cnn is not None else None  # critics get their own CNN
+            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, image)
             return actor.to(device), critics.to(device)
 
         self.actor, self.critics = self._build(build)
@@ -76,15 +77,16 @@ class SAC(OffPolicy):
 
     def phases(self, batch, noise, shared=None):
         cfg = self.cfg
-        enc = self.actor.enc
-        obs, next_obs = enc(batch.obs), enc(batch.next_obs)
+        enc, view = self.actor.enc, self.critics.view
+        obs = enc(batch.obs)
         action = self.actor.box.to_unit(batch.action)
         alpha = self.log_alpha.detach().exp()
         with torch.no_grad():
+            next_obs = enc(batch.next_obs)
             next_action, next_logp = self.actor(next_obs, noise=noise["next"])
-            next_q = self.critics_target(next_obs, next_action).min(0).values - alpha * next_logp
+            next_q = self.critics_target(view(batch.next_obs, next_obs), next_action).min(0).values - alpha * next_logp
             target = batch.reward + batch.discount * next_q
-        q = self.critics(obs, action)
+        q = self.critics(view(batch.obs, obs), action)
         td = q - target
         sq = td.square() * batch.weights if cfg.prioritized else td.square()  # uniform weights are all 1
         critic_loss = 0.5 * sq.mean(1).sum()
@@ -95,7 +97,7 @@ class SAC(OffPolicy):
             new_action, logp = self.actor(obs, noise=noise["new"])
             # Critic weights are frozen for this loss: they only carry gradient to the action.
             self.critics.requires_grad_(False)
-            q_new = self.critics(obs, new_action).min(0).values
+            q_new = self.critics(view(batch.obs, obs), new_action).min(0).values
             actor_loss = (alpha * logp - q_new).mean()
             try:
                 yield self.actor_opt, actor_loss

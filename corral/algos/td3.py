@@ -41,7 +41,8 @@ class TD3(OffPolicy):
 
         def build():
             actor = DeterministicActor(obs_space, act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs)
-            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation)
+            image = tuple(obs_space.shape) if actor.enc.cnn is not None else None  # critics get their own CNN
+            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, image)
             return actor.to(device), critics.to(device)
 
         self.actor, self.critics = self._build(build)
@@ -75,17 +76,19 @@ class TD3(OffPolicy):
 
     def phases(self, batch, noise, shared=None):
         cfg = self.cfg
-        enc = self.actor.enc
-        obs, next_obs = enc(batch.obs), enc(batch.next_obs)
+        enc, view = self.actor.enc, self.critics.view
+        obs = enc(batch.obs)
         action = self.actor.box.to_unit(batch.action)
         with torch.no_grad():
+            # the target actor's own CNN for images; a normalizer is always the live one
+            next_obs = (self.actor_target.enc if enc.cnn is not None else enc)(batch.next_obs)
             next_action = self.actor_target(next_obs)
             if cfg.target_noise > 0:
                 smoothing = (noise["target"] * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
                 next_action = (next_action + smoothing).clamp(-1.0, 1.0)
-            next_q = self.critics_target(next_obs, next_action).min(0).values
+            next_q = self.critics_target(view(batch.next_obs, next_obs), next_action).min(0).values
             target = batch.reward + batch.discount * next_q
-        q = self.critics(obs, action)  # [n_critics, B]
+        q = self.critics(view(batch.obs, obs), action)  # [n_critics, B]
         td = q - target
         sq = td.square() * batch.weights if cfg.prioritized else td.square()  # uniform weights are all 1
         critic_loss = sq.mean(1).sum()
@@ -95,7 +98,7 @@ class TD3(OffPolicy):
         if self._actor_step():
             # Only the actor's parameters step; the critics just pass gradients to the action.
             self.critics.requires_grad_(False)
-            actor_loss = -self.critics(obs, self.actor(obs))[0].mean()
+            actor_loss = -self.critics(view(batch.obs, obs), self.actor(obs))[0].mean()
             try:
                 yield self.actor_opt, actor_loss
             finally:
