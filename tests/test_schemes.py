@@ -19,7 +19,7 @@ from corral.algos.ppo import PPO
 from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
 from corral.schemes.base import FragmentScheme
-from corral.schemes.collector import Collector, driver_paths
+from corral.schemes.collector import Collector, driver_paths, fragment_length
 from corral.schemes.grad import LocalGradPool, ShardedPPO
 from corral.train.checkpoint import load_checkpoint
 from corral.train.learner import Learner, build_config, new_run_dir
@@ -98,7 +98,7 @@ def test_a_collector_continues_the_learners_episodes_when_given_its_env_state():
         for _ in range(5):
             a, _ = L.algo.explore(L.obs)
             L.obs = L.env.step(a)[0]
-    c = Collector(L.cfg, "CartPole-v1", 0, 2, paths=driver_paths(), env_state=L.env.state_dict(), obs=L.obs)
+    c = Collector(L.cfg, "CartPole-v1", 0, 2, paths=driver_paths(), init={"env": L.env.state_dict(), "obs": L.obs})
     assert torch.equal(c.obs, L.obs)
     for a in ([0, 1], [1, 1], [0, 0]):
         a = torch.tensor(a)
@@ -277,6 +277,36 @@ def test_killing_a_collector_mid_run_loses_nothing(ray_local, tmp_path):
 
 # ---------------------------------------------------------------------------
 # checkpoints move between schemes
+
+
+@pytest.mark.parametrize("algo,extra", [
+    # schedules that do not depend on the run's length (N and 2N runs share them)
+    ("ppo", {"ppo.n_epochs": 2, "ppo.batch_size": 64, "ppo.lr_schedule": "constant", "ppo.clip_schedule": "constant"}),
+    ("dqn", {"dqn.learning_starts": 128, "dqn.hidden": [16], "dqn.train_freq": 4, "dqn.gradient_steps": 2,
+             "dqn.exploration_initial_eps": 0.2, "dqn.exploration_final_eps": 0.2}),
+])
+def test_a_distributed_run_resumed_from_its_checkpoint_equals_one_that_never_stopped_in_process(
+        tmp_path, algo, extra):
+    # Sync collection with 2 collectors in this process: each collector's env state and
+    # action stream go into the checkpoint, so N + resume N is 2N bit for bit, episodes and all.
+    over = {"scheme.collectors": 2, "env.num_envs": 2, "checkpoint.every": 10**9, **extra}
+    n = 2 * 2 * 2 * fragment_length(build_config(algo, "CartPole-v1", overrides=over).algo_cfg) * 2
+
+    def params(L):
+        return torch.cat([p.detach().flatten() for p in L.algo.actor.parameters()])
+
+    full = learner(algo, steps=2 * n, run_dir=tmp_path / "full", **over)
+    run_in_process(full)
+    half = learner(algo, steps=n, run_dir=tmp_path / "half", **over)
+    run_in_process(half)
+    state = load_checkpoint(tmp_path / "half" / "checkpoints" / "latest.pt")
+    assert len(state["collectors"]) == 2 and all(c["env"] is not None for c in state["collectors"])
+    rest = learner(algo, steps=2 * n, run_dir=tmp_path / "rest", **over)
+    rest.load_state_dict(state)
+    run_in_process(rest)
+    assert rest.env_steps == full.env_steps == 2 * n
+    assert torch.equal(params(rest), params(full))
+    assert rest.episodes == full.episodes and list(rest.recent_returns) == list(full.recent_returns)
 
 
 @pytest.mark.parametrize("algo,extra", [

@@ -44,22 +44,21 @@ class LocalPool:
     """Collectors in this process, run one at a time when waited on. Same interface as
     ``RayPool``: ``submit``, ``wait``, ``get``, ``restart``, ``put``, ``close``."""
 
-    def __init__(self, cfg, env_spec, num_workers: int, first_env: tuple | None = None):
+    def __init__(self, cfg, env_spec, num_workers: int, inits: list | None = None):
         self.cfg, self.env_spec, self.num_workers = cfg, env_spec, num_workers
         self.generations = [0] * num_workers
-        self.collectors = [self._make(k, first_env if k == 0 else None) for k in range(num_workers)]
+        inits = inits or [None] * num_workers
+        self.collectors = [self._make(k, inits[k]) for k in range(num_workers)]
         self.pending: list[tuple[int, tuple]] = []
 
-    def _make(self, k: int, first_env: tuple | None = None) -> Collector:
-        env_state, obs = first_env or (None, None)
-        return Collector(self.cfg, self.env_spec, k, self.num_workers, self.generations[k], driver_paths(),
-                         env_state, obs)
+    def _make(self, k: int, init: dict | None = None) -> Collector:
+        return Collector(self.cfg, self.env_spec, k, self.num_workers, self.generations[k], driver_paths(), init)
 
     def spaces(self):
         return self.collectors[0].spaces()
 
-    def submit(self, k: int, params: Any, version: int, env_steps: int) -> None:
-        self.pending.append((k, (params, version, env_steps)))
+    def submit(self, k: int, params: Any, version: int, env_steps: int, want_state: bool = False) -> None:
+        self.pending.append((k, (params, version, env_steps, want_state)))
 
     def wait(self, timeout: float | None = None) -> list:
         if not self.pending:
@@ -122,8 +121,8 @@ class FragmentScheme:
         self.fragment_callback = None  # tests: called with (meta, data) of every consumed fragment
 
     # --- set-up -----------------------------------------------------------------------------
-    def make_pool(self, first_env: tuple | None):
-        return LocalPool(self.learner.cfg, portable_env_spec(self.learner.env_spec), self.K, first_env)
+    def make_pool(self, inits: list):
+        return LocalPool(self.learner.cfg, portable_env_spec(self.learner.env_spec), self.K, inits)
 
     def make_grad_pool(self, algo):
         from corral.schemes.grad import LocalGradPool
@@ -165,12 +164,18 @@ class FragmentScheme:
         self.setup_learner()
         if self.K > 1:
             L = self.learner
-            first_env = None
-            if getattr(L.env, "copyable", False):
+            inits: list = [None] * self.K
+            saved = L.resumed_collectors
+            if saved is not None and len(saved) == self.K:
+                # a distributed checkpoint with as many collectors: each continues its own episodes
+                inits = [s or None for s in saved]
+            elif getattr(L.env, "copyable", False):
                 # Collector 0 continues the learner's own episodes (a run resumed from an
                 # in-process checkpoint picks up where it stopped).
-                first_env = (L.env.state_dict(), L.obs.cpu())
-            self.pool = self.make_pool(first_env)
+                inits[0] = {"env": L.env.state_dict(), "obs": L.obs.cpu()}
+            L.resumed_collectors = None
+            L.collector_states = [None] * self.K
+            self.pool = self.make_pool(inits)
             obs_space, act_space = self.pool.spaces()
             if obs_space != L.algo.obs_space or act_space != L.algo.act_space:
                 raise UserError(
@@ -261,7 +266,8 @@ class FragmentScheme:
         return self._params
 
     def submit(self, k: int) -> None:
-        self.pool.submit(k, self.params(), self.version, self.learner.env_steps)
+        # collectors send their env and RNG state along when the run writes checkpoints
+        self.pool.submit(k, self.params(), self.version, self.learner.env_steps, self.learner.run_dir is not None)
 
     def wait(self, timeout: float | None = None) -> list:
         t0 = time.perf_counter()
@@ -302,6 +308,11 @@ class FragmentScheme:
         return out
 
     def note_fragment(self, meta: FragmentMeta, version_now: int) -> None:
+        """Book a consumed fragment: lag, speed, and where its collector now stands (what a
+        checkpoint keeps, so a resume continues each collector's episodes)."""
+        states = self.learner.collector_states
+        if states is not None and meta.worker < len(states):
+            states[meta.worker] = meta.resume
         self.fragments += 1
         self._lags.append(version_now - meta.version)
         self._sps[meta.worker] = meta.steps / max(meta.seconds, 1e-9)

@@ -37,6 +37,7 @@ class FragmentMeta:
     seconds: float  # collection time (for steps/s)
     episodes: list = field(default_factory=list)  # (t, return, length) of every episode that ended
     norm_deltas: list = field(default_factory=list)  # (count, mean, var) per normalizer, since the last fragment
+    resume: dict | None = None  # env state, obs and RNG at the fragment's end (copyable envs), for checkpoints
 
 
 @dataclass
@@ -203,8 +204,7 @@ class Collector:
     """
 
     def __init__(self, cfg, env_spec: Any, index: int, num_workers: int, generation: int = 0,
-                 paths: list[str] | None = None, env_state: dict | None = None, obs: torch.Tensor | None = None,
-                 threads: int = 1):
+                 paths: list[str] | None = None, init: dict | None = None, threads: int = 1):
         _add_paths(paths or [])
         torch.set_num_threads(max(1, threads))
         from corral.algos import get_algo
@@ -231,8 +231,12 @@ class Collector:
         self.length = fragment_length(cfg.algo_cfg)
         self.obs = self.env.reset(seed=self.rng.env_seed())
         # (reset first: Gymnasium's env checker refuses a step before the first reset)
-        if env_state is not None and obs is not None and self.env.load_state_dict(env_state):
-            self.obs = obs.to(self.device)  # continue the learner's episodes exactly
+        # ``init``: where to continue from, ``{"env", "obs"}`` and optionally ``"rng"`` (the
+        # learner's own episodes, or this slot's state from a checkpoint)
+        if init and init.get("env") is not None and self.env.load_state_dict(init["env"]):
+            self.obs = init["obs"].to(self.device)  # continue those episodes exactly
+            if init.get("rng") is not None:
+                self.rng.load_state_dict(init["rng"])
 
     def spaces(self):
         return self.env.single_observation_space, self.env.single_action_space
@@ -240,7 +244,16 @@ class Collector:
     def ping(self) -> int:
         return os.getpid()
 
-    def collect(self, params: dict | None, version: int, env_steps: int = 0):
+    def resume_state(self) -> dict | None:
+        """Env state, observations and the streams acting draws from, or None where the env
+        cannot be copied (a resume then starts fresh episodes)."""
+        if not getattr(self.env, "copyable", False):
+            return None
+        rng = self.rng.state_dict()
+        return {"env": self.env.state_dict(), "obs": self.obs.clone(),
+                "rng": {k: rng[k] for k in ("action", "noise") if k in rng}}
+
+    def collect(self, params: dict | None, version: int, env_steps: int = 0, want_state: bool = False):
         t0 = time.perf_counter()
         algo, env = self.algo, self.env
         if params is not None and version != self.version:
@@ -279,7 +292,7 @@ class Collector:
             with torch.no_grad():
                 data.priorities = algo.initial_priorities(data)
         meta = FragmentMeta(self.index, self.generation, version, T * N, time.perf_counter() - t0, episodes,
-                            [tap.take() for tap in self.taps])
+                            [tap.take() for tap in self.taps], self.resume_state() if want_state else None)
         return meta, data
 
     def close(self) -> None:

@@ -41,12 +41,13 @@ class RayPool:
     """K collectors as Ray actors; ``collect`` returns two objects, a small summary the
     learner always reads and the data, which only moves to whoever needs it."""
 
-    def __init__(self, cfg, env_spec, num_workers: int, cpus: float, first_env: tuple | None = None):
+    def __init__(self, cfg, env_spec, num_workers: int, cpus: float, inits: list | None = None):
         self.cfg, self.env_spec, self.num_workers, self.cpus = cfg, env_spec, num_workers, cpus
         self.remote = ray.remote(Collector)
         self.paths = driver_paths()
         self.generations = [0] * num_workers
-        self.actors = [self._make(k, first_env if k == 0 else None) for k in range(num_workers)]
+        inits = inits or [None] * num_workers
+        self.actors = [self._make(k, inits[k]) for k in range(num_workers)]
         self.tasks: dict = {}
         refs = [a.spaces.remote() for a in self.actors]
         try:
@@ -69,16 +70,15 @@ class RayPool:
                 raise UserError(f"collector {k} built env spaces {s}, collector 0 built {self._spaces}; "
                                 "the env must build the same on every worker")
 
-    def _make(self, k: int, first_env: tuple | None = None):
-        env_state, obs = first_env or (None, None)
+    def _make(self, k: int, init: dict | None = None):
         return self.remote.options(num_cpus=self.cpus, max_restarts=0).remote(
-            self.cfg, self.env_spec, k, self.num_workers, self.generations[k], self.paths, env_state, obs)
+            self.cfg, self.env_spec, k, self.num_workers, self.generations[k], self.paths, init)
 
     def spaces(self):
         return self._spaces
 
-    def submit(self, k: int, params, version: int, env_steps: int) -> None:
-        meta, data = self.actors[k].collect.options(num_returns=2).remote(params, version, env_steps)
+    def submit(self, k: int, params, version: int, env_steps: int, want_state: bool = False) -> None:
+        meta, data = self.actors[k].collect.options(num_returns=2).remote(params, version, env_steps, want_state)
         self.tasks[meta] = (k, data)
 
     def wait(self, timeout: float | None = None) -> list:
@@ -206,8 +206,8 @@ class RayScheme(FragmentScheme):
         self._cpus = self._cpus_per_actor()
         super().start()
 
-    def make_pool(self, first_env):
-        return RayPool(self.learner.cfg, portable_env_spec(self.learner.env_spec), self.K, self._cpus, first_env)
+    def make_pool(self, inits):
+        return RayPool(self.learner.cfg, portable_env_spec(self.learner.env_spec), self.K, self._cpus, inits)
 
     def make_grad_pool(self, algo):
         return RayGradPool(self.learner.cfg, self.sc.grad_workers, algo.obs_space, algo.act_space, self._cpus)

@@ -342,6 +342,10 @@ class Learner:
     next_eval: int | None = None
     next_ckpt: int | None = None
     recent_returns: deque = field(default_factory=lambda: deque(maxlen=20))
+    # a distributed run's collectors: where each stands after its last consumed fragment
+    # (set by the scheme; in the checkpoint), and what a resumed one hands its collectors
+    collector_states: list | None = None
+    resumed_collectors: list | None = None
     # transient
     new_returns: list = field(default_factory=list)
     new_lengths: list = field(default_factory=list)
@@ -458,7 +462,7 @@ class Learner:
 
     # --- state
     def state_dict(self) -> dict:
-        return {
+        state = {
             "config": C.to_dict(self.cfg),
             "algo": self.algo.state_dict(),
             "env": self.env.state_dict(),
@@ -475,6 +479,9 @@ class Learner:
             },
             "torch_version": str(torch.__version__),
         }
+        if self.collector_states is not None and any(self.collector_states):
+            state["collectors"] = [s or {} for s in self.collector_states]
+        return state
 
     def save(self, path: Path) -> Path:
         return save_checkpoint(self.state_dict(), path)
@@ -489,8 +496,16 @@ class Learner:
         self.best_eval = -math.inf if c["best_eval"] is None else float(c["best_eval"])
         self.next_eval, self.next_ckpt = c["next_eval"], c["next_ckpt"]
         self.recent_returns = deque(c["recent_returns"], maxlen=20)
-        if self.env.load_state_dict(state["env"]):
-            self.obs = state["obs"].to(self.device)
+        env_state, obs = state["env"], state["obs"]
+        collectors = state.get("collectors")
+        if collectors:
+            if self.cfg.scheme.collectors > 1:
+                self.resumed_collectors = collectors  # the scheme hands them out, one per collector
+            if collectors[0].get("env") is not None and collectors[0]["obs"].shape == self.obs.shape:
+                # in-process (or another collector count): collector 0's episodes go on here
+                env_state, obs = collectors[0]["env"], collectors[0]["obs"]
+        if self.env.load_state_dict(env_state):
+            self.obs = obs.to(self.device)
         else:
             print(f"note: env {self.cfg.env.id!r} cannot be copied into a checkpoint; "
                   "the resumed run starts fresh episodes", file=sys.stderr)
