@@ -286,13 +286,11 @@ class ShardedOffPolicy:
         self._busy: set[int] = set()
         self._applied = 0  # async steps applied so far (the clock of grad_lag)
 
-    def _load_step(self, batch: ReplayBatch, shared) -> tuple:
-        """The step's batch and noise into the workers (one object); the learner's tensors."""
+    def _step_fields(self, batch: ReplayBatch) -> dict:
+        """The step's batch and the learner's draws of its noise, as CPU tensors."""
         fields = {k: getattr(batch, k).detach().to("cpu") for k in _BATCH_FIELDS}
-        noise = self.draw_noise(batch.obs.shape[0])
-        fields.update({f"noise.{k}": v.detach().to("cpu") for k, v in noise.items()})
-        self.pool.load(fields)
-        return self.pool.put(self._flat_tensors())
+        fields.update({f"noise.{k}": v.detach().to("cpu") for k, v in self.draw_noise(batch.obs.shape[0]).items()})
+        return fields
 
     def _flat_tensors(self) -> torch.Tensor:
         """Every synced tensor in one float64 vector (exact for float32 values and counts)."""
@@ -324,7 +322,8 @@ class ShardedOffPolicy:
             return self._async_step(batch)
         if self._busy:
             raise TrainingError("a sync gradient step while async steps are in flight")
-        tensors = self._load_step(batch, shared)
+        self.pool.load(self._step_fields(batch))  # one object, read by every worker
+        tensors = self.pool.put(self._flat_tensors())
         rows = [r for r in torch.arange(batch.obs.shape[0]).tensor_split(self.pool.num_workers) if r.numel()]
         results = self.pool.call("begin", [(tensors, self.grad_steps, r) for r in rows])
         while results[0][0] == "grad":
@@ -343,10 +342,8 @@ class ShardedOffPolicy:
         if len(self._busy) == pool.num_workers:
             self._land()
         w = min(set(range(pool.num_workers)) - self._busy)
-        fields = {k: getattr(batch, k).detach().to("cpu") for k in _BATCH_FIELDS}
-        fields.update({f"noise.{k}": v.detach().to("cpu") for k, v in self.draw_noise(batch.obs.shape[0]).items()})
-        pool.submit(w, pool.put(self._flat_tensors()), self._applied, (self.grad_steps, pool.put(fields)),
-                    "step_at")
+        pool.submit(w, pool.put(self._flat_tensors()), self._applied,
+                    (self.grad_steps, pool.put(self._step_fields(batch))), "step_at")
         self._busy.add(w)
         return {}, None
 
