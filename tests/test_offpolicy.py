@@ -212,3 +212,21 @@ def test_sac_resumed_in_a_fresh_process_acts_the_same_and_keeps_learning(tmp_pat
     evals = [r["eval_return"] for r in rows if "eval_return" in r]
     # the eval after 1000 more steps is no worse than before resume (minus noise of 3 episodes)
     assert evals[-1] >= evals[-2] - 150, evals
+
+
+@pytest.mark.parametrize("final,expect_end", [(1.0, 1.0), (0.4, 0.4)])
+def test_per_beta_anneals_to_its_configured_end(final, expect_end):
+    from corral.schemes.replay_server import ReplayServer
+
+    over = {"dqn.prioritized": True, "dqn.per_beta": 0.4, "dqn.per_beta_final": final, "tensorboard": False,
+            "eval.episodes": 0}
+    L = Learner(build_config("dqn", "CartPole-v1", steps=1000, overrides=over), None, quiet=True)
+    server = ReplayServer(L.algo.cfg, 1, L.algo.obs_space, L.algo.act_space, seed=0)
+    for buf in (L.algo.replay, server.buffer):
+        buf.beta_steps = 100
+        buf.step = 0
+        assert buf.beta == pytest.approx(0.4)
+        buf.step = 50
+        assert buf.beta == pytest.approx(0.4 + 0.5 * (expect_end - 0.4))
+        buf.step = 100
+        assert buf.beta == pytest.approx(expect_end)

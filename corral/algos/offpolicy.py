@@ -55,7 +55,8 @@ class OffPolicyConfig:
     n_step: int = option(1, "n-step returns (stop at termination, bootstrap at truncation)")
     prioritized: bool = option(False, "prioritized replay (proportional, sum-tree)")
     per_alpha: float = option(0.6, "prioritization exponent alpha")
-    per_beta: float = option(0.4, "initial importance-sampling exponent beta (annealed to 1)")
+    per_beta: float = option(0.4, "initial importance-sampling exponent beta")
+    per_beta_final: float = option(1.0, "beta at the end of the run, reached linearly (Ape-X keeps 0.4: set both)")
     per_eps: float = option(1e-6, "priority floor added to |TD error|")
     max_grad_norm: float | None = option(None, "global gradient norm clip (None: off)")
     save_replay: bool = option(True, "write the replay buffer into checkpoints (exact resume)")
@@ -72,7 +73,8 @@ class OffPolicy(Algorithm):
         try:
             if cfg.prioritized:
                 self.replay = PrioritizedReplayBuffer(cfg.buffer_size, num_envs, obs_space, act_space,
-                                                      alpha=cfg.per_alpha, beta=cfg.per_beta, eps=cfg.per_eps, **kw)
+                                                      alpha=cfg.per_alpha, beta=cfg.per_beta,
+                                                      beta_final=cfg.per_beta_final, eps=cfg.per_eps, **kw)
             else:
                 self.replay = ReplayBuffer(cfg.buffer_size, num_envs, obs_space, act_space, **kw)
         except ReplayCapacityError as e:

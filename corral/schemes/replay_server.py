@@ -44,7 +44,7 @@ class ReplayServer:
         kw = dict(device="cpu", seed=seed, n_step=c.n_step, gamma=c.gamma)
         if c.prioritized:
             self.buffer = PrioritizedReplayBuffer(c.buffer_size, num_envs, obs_space, act_space, alpha=c.per_alpha,
-                                                  beta=c.per_beta, eps=c.per_eps, **kw)
+                                                  beta=c.per_beta, beta_final=c.per_beta_final, eps=c.per_eps, **kw)
         else:
             self.buffer = ReplayBuffer(c.buffer_size, num_envs, obs_space, act_space, **kw)
         self.num_envs = num_envs
