@@ -161,6 +161,62 @@ def test_a_worker_that_dies_is_reported_with_its_envs_and_exit_code():
         env.close()
 
 
+class ExitIfEvenSeed(gym.Env):
+    """Its process dies (as in a segfault) at its 2nd step when it was reset with an even seed."""
+
+    observation_space = gym.spaces.Box(-10, 10, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.doomed = seed is not None and seed % 2 == 0
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t == 2 and self.doomed:
+            os._exit(3)
+        return np.full(1, self.t, np.float32), 1.0, False, False, {}
+
+
+def test_a_worker_that_dies_is_started_again_with_on_error_restart():
+    # worker 0 holds env 0 (seed 0: dies), worker 1 env 1 (seed 1: lives)
+    env = SubprocVecEnv(ExitIfEvenSeed, 2, env_id="exit-env", num_workers=2, on_error="restart", max_restarts=1)
+    try:
+        env.reset(seed=0)
+        one = torch.ones(2, dtype=torch.long)
+        last, *_ = env.step(one)
+        with pytest.warns(UserWarning, match=r"worker process 0 \(env indices 0..0\) died \(exit code 3\) at vector "
+                                             r"step 1; started a new one and dropped the unfinished episodes of its 1 envs"):
+            obs, rew, term, trunc, info = env.step(one)
+        assert env.restarts == 1
+        assert trunc.tolist() == [True, False] and term.tolist() == [False, False]
+        assert rew.tolist() == [0.0, 1.0]  # the dead env's step earned nothing; the other went on
+        assert obs.flatten().tolist() == [0.0, 2.0]  # a fresh episode in the new process
+        assert torch.equal(info["final_obs"][0], last[0])  # the broken episode's last observation
+        assert info["episode_done"].tolist() == [False, False]  # and it is not reported as finished
+        obs, rew, *_ = env.step(one)  # the new process steps its fresh episode
+        assert obs.flatten().tolist() == [1.0, 3.0] and rew.tolist() == [1.0, 1.0]
+    finally:
+        env.close()
+
+
+def test_a_worker_that_keeps_dying_gives_up_after_max_restarts():
+    env = SubprocVecEnv(ExitEnv, 2, env_id="exit-env", num_workers=2, on_error="restart", max_restarts=1)
+    try:
+        env.reset()
+        zero = torch.zeros(2, dtype=torch.long)
+        env.step(zero)
+        with pytest.warns(UserWarning, match="started a new one"):
+            env.step(zero)  # both die at their 2nd step; both come back
+        env.step(zero)
+        with pytest.raises(EnvError, match=r"died \(exit code 3\) at vector step 3; giving up after 1 restarts"):
+            env.step(zero)
+    finally:
+        env.close()
+
+
 def test_closing_ends_the_workers():
     env = make_vec_env("CartPole-v1", 2, backend="subproc", num_workers=2)
     procs = list(env._procs)

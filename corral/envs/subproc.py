@@ -117,6 +117,14 @@ def _worker(conn, parent_conn, payload, offset: int, count: int, env_id: str, on
         conn.close()
 
 
+class WorkerDied(EnvError):
+    """A worker process ended without a reply (killed, crashed in native code)."""
+
+    def __init__(self, message: str, worker: int):
+        super().__init__(message)
+        self.worker = worker
+
+
 def _shutdown(procs: list, conns: list) -> None:
     """Close workers: ask, wait a little, then terminate. Runs at close() or at exit."""
     for c in conns:
@@ -203,26 +211,65 @@ class SubprocVecEnv(HostVecEnv):
             if start_method != "fork":
                 raise
             payload = factory  # a fork child inherits it as it is
+        self._ctx, self._start_method, self._payload = ctx, start_method, payload
+        self._on_error, self._max_restarts = on_error, max_restarts
         self._procs: list = []
         self._conns: list = []
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns)
-        for offset, count in self.slices:
-            parent_conn, child_conn = ctx.Pipe()
-            p = ctx.Process(
-                target=_worker,
-                args=(child_conn, parent_conn if start_method == "fork" else None, payload, offset, count, env_id,
-                      on_error, max_restarts, specs),
-                daemon=True,
-                name=f"corral-env-{offset}",
-            )
-            p.start()
-            child_conn.close()
+        for k in range(workers):
+            p, conn = self._start(k)
             self._procs.append(p)
-            self._conns.append(parent_conn)
+            self._conns.append(conn)
         ready = self._gather()
         self.copyable = all(ready)
-        self._restarts = [0] * workers
+        self._restarts = [0] * workers  # env rebuilds inside each live worker (it reports them)
+        self._revived = [0] * workers  # times each worker process was started again after dying
+        self._lost = 0  # env rebuilds counted by workers that died since
+        self._reset_seed: int | None = None
+        self._last_obs: np.ndarray | None = None
         self._closed = False
+
+    def _start(self, k: int):
+        """Start worker process ``k`` (its slice of envs); its first reply is its readiness."""
+        offset, count = self.slices[k]
+        parent_conn, child_conn = self._ctx.Pipe()
+        p = self._ctx.Process(
+            target=_worker,
+            args=(child_conn, parent_conn if self._start_method == "fork" else None, self._payload, offset, count,
+                  self.env_id, self._on_error, self._max_restarts, self._specs),
+            daemon=True,
+            name=f"corral-env-{offset}",
+        )
+        p.start()
+        child_conn.close()
+        return p, parent_conn
+
+    def _revive(self, k: int, err: "WorkerDied") -> list:
+        """``on_error=restart``: a new process for dead worker ``k``, fresh episodes in its
+        envs; returns the step's ``ended`` entries that drop their unfinished episodes."""
+        lo, count = self.slices[k]
+        self._revived[k] += 1
+        if self._revived[k] > self._max_restarts:
+            raise EnvError(f"{err}; giving up after {self._max_restarts} restarts of this worker "
+                           "(raise env.max_restarts, or fix the env)") from None
+        self._conns[k].close()
+        self._lost += self._restarts[k] + count
+        self._restarts[k] = 0
+        self._procs[k], self._conns[k] = self._start(k)
+        self._recv(k)  # ready
+        seed = None
+        if self._reset_seed is not None:  # deterministic, and distinct from every other env's seed
+            seed = int(np.random.SeedSequence([self._reset_seed, lo, self._revived[k]]).generate_state(1)[0]) - lo
+        self._conns[k].send(("reset", seed))
+        self._recv(k)
+        b = self._buf
+        b["rew"][lo:lo + count] = 0.0
+        self._restart_messages.append(
+            f"{err}; started a new one and dropped the unfinished episodes of its {count} envs "
+            f"(restart {self._revived[k]} of this worker)")
+        last = self._last_obs
+        return [(i, False, True, (last[i] if last is not None else b["obs"][i]).copy(), None)
+                for i in range(lo, lo + count)]
 
     @property
     def num_workers(self) -> int:
@@ -230,7 +277,8 @@ class SubprocVecEnv(HostVecEnv):
 
     @property
     def restarts(self) -> int:
-        return sum(self._restarts)
+        """Envs rebuilt: by live workers, plus every env of a worker process that died."""
+        return sum(self._restarts) + self._lost
 
     def _recv(self, k: int):
         try:
@@ -239,9 +287,9 @@ class SubprocVecEnv(HostVecEnv):
             p = self._procs[k]
             p.join(timeout=1)
             lo, count = self.slices[k]
-            raise EnvError(
+            raise WorkerDied(
                 f"env {self.env_id!r}: worker process {k} (env indices {lo}..{lo + count - 1}) died "
-                f"(exit code {p.exitcode}) at vector step {self.steps}"
+                f"(exit code {p.exitcode}) at vector step {self.steps}", k
             ) from None
         if status == "error":
             msg, blob, text = value
@@ -251,14 +299,26 @@ class SubprocVecEnv(HostVecEnv):
             raise EnvError(msg) from cause
         return value
 
-    def _gather(self, cmd: str | None = None, arg: Any = None, per_worker: list | None = None) -> list:
+    def _gather(self, cmd: str | None = None, arg: Any = None, per_worker: list | None = None,
+                dead: list | None = None) -> list:
+        """Send ``cmd`` to every worker and collect the replies in order. Workers that died
+        go into ``dead`` (their reply is None) when it is given; otherwise the first error raises."""
         if cmd is not None:
             for k, c in enumerate(self._conns):
-                c.send((cmd, per_worker[k] if per_worker is not None else arg))
+                try:
+                    c.send((cmd, per_worker[k] if per_worker is not None else arg))
+                except (OSError, ValueError):  # a dead worker's pipe; its recv says so
+                    pass
         out, first_error = [], None
         for k in range(len(self._conns)):
             try:
                 out.append(self._recv(k))
+            except WorkerDied as e:
+                if dead is None:
+                    first_error = first_error or e
+                else:
+                    dead.append(e)
+                out.append(None)
             except EnvError as e:  # drain the others first, so the pipes stay in step
                 first_error = first_error or e
         if first_error is not None:
@@ -266,25 +326,34 @@ class SubprocVecEnv(HostVecEnv):
         return out
 
     def _reset_arrays(self, seed):
+        self._reset_seed = seed
         self._gather("reset", seed)
-        return self._buf["obs"].copy()
+        self._last_obs = self._buf["obs"].copy()
+        return self._last_obs
 
     def _step_into(self, acts, obs, rew):
         b = self._buf
         b["act"][:] = acts
-        replies = self._gather("step", self.steps)
-        for k, (restarts, messages) in enumerate(replies):
-            self._restarts[k] = restarts
-            self._restart_messages.extend(messages)
+        dead: list = []
+        replies = self._gather("step", self.steps, dead=dead if self._on_error == "restart" else None)
+        for k, reply in enumerate(replies):
+            if reply is not None:
+                self._restarts[k], messages = reply
+                self._restart_messages.extend(messages)
+        revived = []
+        for err in dead:  # a process that died (a segfault, the OOM killer): a new one, fresh episodes
+            revived += self._revive(err.worker, err)
         obs[...] = b["obs"]
         rew[:] = b["rew"]
+        self._last_obs = obs
         term, trunc, ep_done = b["term"], b["trunc"], b["ep_done"]
-        if not (term.any() or trunc.any()):
+        if not (revived or term.any() or trunc.any()):
             return []
         ret, length = b["ep_ret"], b["ep_len"]
-        return [(int(i), bool(term[i]), bool(trunc[i]), b["final"][i].copy(),
-                 (float(ret[i]), int(length[i])) if ep_done[i] else None)
-                for i in np.nonzero(term | trunc)[0]]
+        gone = {i for i, *_ in revived}
+        return sorted(revived + [(int(i), bool(term[i]), bool(trunc[i]), b["final"][i].copy(),
+                                  (float(ret[i]), int(length[i])) if ep_done[i] else None)
+                                 for i in np.nonzero(term | trunc)[0] if int(i) not in gone], key=lambda e: e[0])
 
     def state_dict(self) -> dict[str, Any]:
         parts = self._gather("get_state")
