@@ -199,8 +199,8 @@ class OffPolicy(Algorithm):
                 replay.beta_steps = self.total_steps
                 yield replay.sample(B)
             return
-        obs = getattr(replay, "_obs_flat", None)  # a remote replay (Ray) is sized by its own server
-        row_bytes = max(1, obs[0].nbytes * 2) if obs is not None else 1
+        # a remote replay (Ray) has no obs_nbytes here: its client groups requests itself
+        row_bytes = max(1, 2 * getattr(replay, "obs_nbytes", 0))
         group = max(1, min(steps, (16 << 20) // (B * row_bytes)))
         done = 0
         while done < steps:

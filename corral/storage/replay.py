@@ -482,6 +482,11 @@ class ReplayBuffer:
     def can_sample(self, batch_size: int) -> bool:
         return len(self) >= batch_size
 
+    @property
+    def obs_nbytes(self) -> int:
+        """Bytes of one stored observation (a sampled row holds two: obs and next_obs)."""
+        return self._obs_flat[0].nbytes
+
     def valid_indices(self) -> torch.Tensor:
         """Flat indices of every sampleable slot, oldest first (for tests and inspection)."""
         old = (self._oldest_slot() + torch.arange(self._num_old(), device=self.device)) % self.capacity
