@@ -45,6 +45,7 @@ class EvalConfig:
     num_envs: int = option(5, "parallel envs for evaluation")
     deterministic: bool = option(True, "use the policy's mode rather than sampling")
     video: bool = option(False, "also show one episode per evaluation as a video in TensorBoard (needs corral[video])")
+    stop_at_return: float | None = option(None, "stop training once a periodic evaluation's mean return reaches this")
 
 
 @dataclass

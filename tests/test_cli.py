@@ -114,3 +114,16 @@ def test_eval_writes_one_video_per_episode(tmp_path, capsys):
     files = sorted((tmp_path / "v").glob("*.mp4"))
     assert len(files) == 2 and all(f.stat().st_size > 1000 for f in files)
     assert json.loads(out.strip().splitlines()[-1])["episodes"] == 2
+
+
+def test_training_stops_once_a_periodic_evaluation_reaches_the_bar(tmp_path, capsys):
+    assert main(["train", "ppo", "CartPole-v1", "--steps", "60000", "--seed", "0", "--run-dir", str(tmp_path / "r"),
+                 "--set", "eval.every=2048", "--set", "eval.episodes=3", "--set", "eval.stop_at_return=60",
+                 "--set", "tensorboard=false", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    evals = [(m["step"], m["eval_return"]) for m in map(json.loads, (tmp_path / "r" / "metrics.jsonl").open())
+             if "eval_return" in m]
+    first = next(i for i, (_, r) in enumerate(evals) if r >= 60)
+    assert summary["stopped_early"] and summary["env_steps"] < 60000
+    assert evals[first][0] == summary["env_steps"]  # stopped at the first evaluation to reach it
+    assert len(evals) == first + 2  # then only the final evaluation

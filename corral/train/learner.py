@@ -209,6 +209,7 @@ class EvalHook:
         self.next = learner.next_eval if learner.next_eval else (learner.env_steps + ec.every if ec.every > 0 else None)
         self.metrics = metrics
         self.env = None
+        self.last_step = -1  # env steps at the last evaluation
 
     def evaluate(self, learner: "Learner") -> dict:
         ec = learner.cfg.eval
@@ -225,6 +226,7 @@ class EvalHook:
             self.log_video(learner)
         self.metrics.write(learner, {"eval_return": result["mean_return"], "eval_return_std": result["std_return"]})
         learner.last_eval = result
+        self.last_step = learner.env_steps
         if result["mean_return"] > learner.best_eval:
             learner.best_eval = result["mean_return"]
             if learner.run_dir:
@@ -432,6 +434,10 @@ class Learner:
                 if (cfg.stop_at_return is not None and len(self.recent_returns) == self.recent_returns.maxlen
                         and self.last20_return >= cfg.stop_at_return):
                     stopped_early = True
+                    break
+                if (cfg.eval.stop_at_return is not None and evaluator.last_step == self.env_steps
+                        and self.last_eval["mean_return"] >= cfg.eval.stop_at_return):
+                    stopped_early = True  # the evaluation just made reached the bar
                     break
             if updates == 0:
                 self.train_seconds = time.perf_counter() - start
