@@ -154,19 +154,19 @@ def test_apex_ddpg_runs_scaled_down_on_bipedal_walker_hardcore(ray_local, tmp_pa
 
 
 def test_apex_dqn_with_two_ray_collectors_learns_cartpole(ray_local, tmp_path):
-    # The apex_dqn CartPole preset: 40k steps, 2 collectors x 4 envs, a replay server,
-    # batches drawn 16 per request. "Learns" is the best periodic deterministic evaluation
-    # (5 episodes every 2,500 steps). Measured on the 2-core machine, five runs (seeds 0, 1,
-    # 2 and seed 0 twice more; Ray timing makes runs of one seed differ): best 500 in all
-    # five, first at 17.5-32.5k steps, about a minute each including Ray. This test itself
-    # reached >= 475 in 6 runs of 7 alone, but in one full-suite run it plateaued at 177
-    # (Ray timing varies the learner/collector interleaving), so the CI bar is a policy that
-    # clearly learned (random play ~20, a learner that does not learn stays below ~50).
-    corral.train("apex_dqn", "CartPole-v1", seed=0, run_dir=str(tmp_path / "r"),
-                 **{"scheme.collectors": 2, "eval.every": 2500, "eval.episodes": 5, "tensorboard": False})
+    # The apex_dqn CartPole preset: 2 collectors x 4 envs, a replay server, batches drawn 16
+    # per request. "Learns" is a periodic deterministic evaluation (5 episodes every 2,500
+    # steps) of 475 or more; the run stops at the first. Measured on the 2-core machine, 8 Ray
+    # runs of 80k steps (seeds 0-7): all reached 500, first at 17.5-52.5k steps; about one run
+    # in eight lingers near 120-150 first (also with in-process collectors, so it is the
+    # algorithm on CartPole, not Ray's timing), hence a budget of 120k for this test.
+    summary = corral.train("apex_dqn", "CartPole-v1", steps=120_000, seed=0, run_dir=str(tmp_path / "r"),
+                           **{"scheme.collectors": 2, "eval.every": 2500, "eval.episodes": 5,
+                              "eval.stop_at_return": 475, "tensorboard": False}).summary
     lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
     evals = [m["eval_return"] for m in map(json.loads, lines) if "eval_return" in m]
-    assert len(evals) >= 14 and max(evals) >= 100, evals
+    assert max(evals) >= 475, evals
+    assert summary["stopped_early"]
 
 
 @pytest.mark.slow
