@@ -320,8 +320,6 @@ class ShardedOffPolicy:
             return super().train_step(batch, shared)
         if self.mode == "async":
             return self._async_step(batch)
-        if self._busy:
-            raise TrainingError("a sync gradient step while async steps are in flight")
         self.pool.load(self._step_fields(batch))  # one object, read by every worker
         tensors = self.pool.put(self._flat_tensors())
         rows = [r for r in torch.arange(batch.obs.shape[0]).tensor_split(self.pool.num_workers) if r.numel()]
