@@ -78,3 +78,18 @@ class PixelTarget(gym.Env):
         target = self.col / 35 * 2 - 1
         frame = np.zeros((1, 36, 36), np.uint8)
         return frame, -abs(float(action[0]) - target), True, False, {}
+
+
+class PixelTargetDict(PixelTarget):
+    """PixelTarget as a Dict: the frame and a vector part that carries nothing useful."""
+
+    observation_space = gym.spaces.Dict({"frame": PixelTarget.observation_space,
+                                         "vec": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)})
+
+    def reset(self, seed=None, options=None):
+        frame, info = super().reset(seed=seed)
+        return {"frame": frame, "vec": np.zeros(2, np.float32)}, info
+
+    def step(self, action):
+        frame, r, term, trunc, info = super().step(action)
+        return {"frame": frame, "vec": np.ones(2, np.float32)}, r, term, trunc, info

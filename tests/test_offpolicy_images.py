@@ -13,23 +13,29 @@ ENV = "envs_for_tests:PixelTarget"
 QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
 
 
-def learner(algo, **over):
-    cfg = build_config(algo, ENV, steps=2000, seed=0,
+def learner(algo, env=ENV, **over):
+    cfg = build_config(algo, env, steps=2000, seed=0,
                        overrides={**QUIET, f"{algo}.hidden": [64], f"{algo}.batch_size": 32,
                                   f"{algo}.learning_starts": 64, **over})
-    return Learner(cfg, None, env_spec=ENV, quiet=True)
+    return Learner(cfg, None, env_spec=env, quiet=True)
 
 
-def grads_of(module):
-    return [p.grad.abs().sum().item() if p.grad is not None else 0.0 for p in module.cnn.parameters()]
+def grads_of(enc):
+    """Gradient mass on each weight of an encoder's CNN(s)."""
+    return [p.grad.abs().sum().item() if p.grad is not None else 0.0 for p in enc.parameters()]
 
 
-@pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
-def test_each_cnn_is_trained_by_its_own_loss(algo):
-    L = learner(algo, **{f"{algo}.policy_delay": 1} if algo != "ddpg" else {})
+@pytest.mark.parametrize("algo,env", [("sac", ENV), ("td3", ENV), ("ddpg", ENV),
+                                      ("sac", "envs_for_tests:PixelTargetDict"), ("td3", "envs_for_tests:PixelTargetDict")])
+def test_each_cnn_is_trained_by_its_own_loss(algo, env):
+    L = learner(algo, env, **{f"{algo}.policy_delay": 1} if algo != "ddpg" else {})
     a = L.algo
-    assert a.replay.obs_dtype == torch.uint8  # pixels stay bytes in the replay
-    assert a.actor.enc.cnn is not None and a.critics.cnn is not None
+    if env == ENV:
+        assert a.replay.obs_dtype == torch.uint8  # pixels stay bytes in the replay
+        assert a.actor.enc.cnn is not None and a.critics.enc.cnn is not None
+    else:  # a Dict: the image part through a CNN of each encoder's own, the vector part as it is
+        assert len(a.actor.enc.parts.cnns) == len(a.critics.enc.parts.cnns) == 1
+        assert a.actor.enc.dim == a.critics.enc.dim == 512 + 2
     assert {id(p) for p in a.actor.parameters()}.isdisjoint(id(p) for p in a.critics.parameters())
     env, obs = L.env, L.obs
     with torch.no_grad():
@@ -45,7 +51,7 @@ def test_each_cnn_is_trained_by_its_own_loss(algo):
     opt.zero_grad()
     a.actor_opt.zero_grad()
     critic_loss.backward()
-    assert all(g > 0 for g in grads_of(a.critics))  # the critics' CNN learns from it
+    assert all(g > 0 for g in grads_of(a.critics.enc))  # the critics' CNN learns from it
     assert not any(g > 0 for g in grads_of(a.actor.enc))  # the actor's does not
     opt.step()
     opt, actor_loss = phases.send(None)
@@ -54,7 +60,7 @@ def test_each_cnn_is_trained_by_its_own_loss(algo):
     a.critic_opt.zero_grad()
     actor_loss.backward()
     assert all(g > 0 for g in grads_of(a.actor.enc))
-    assert not any(g > 0 for g in grads_of(a.critics))
+    assert not any(g > 0 for g in grads_of(a.critics.enc))
 
 
 def test_sac_learns_to_read_the_pixels(tmp_path):
@@ -74,4 +80,4 @@ def test_sac_runs_on_car_racing_rgb_frames(tmp_path):
     assert agent.summary["env_steps"] == 300
     assert agent.actor.enc.cnn.channels_last  # 96x96x3, read channels last
     state = torch.load(tmp_path / "r" / "checkpoints" / "latest.pt", weights_only=True)
-    assert any(k.startswith("cnn.") for k in state["algo"]["critics"])  # the critics' own CNN is saved
+    assert any(k.startswith("enc.cnn.") for k in state["algo"]["critics"])  # the critics' own CNN is saved

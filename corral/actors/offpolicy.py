@@ -9,12 +9,16 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from corral.actors.actor_critic import MultiInputEncoder
 from corral.actors.normalizer import RunningNormalizer
+from corral.envs.spaces import layout_of
 from corral.nets import MLP, NatureCNN, ParallelMLP, is_image_space
 
 
 class ObsEncoder(nn.Module):
-    """Normalizer + flatten: what every off-policy net sees first."""
+    """Normalizer + flatten: what every off-policy net sees first. Images go through a
+    Nature CNN; Dict / Tuple observations with image parts through a CNN per part (their
+    vector parts normalized, the image parts raw), as PPO's multi-input encoder does."""
 
     def __init__(self, obs_space: gym.spaces.Box, normalize: bool, allow_images: bool = True):
         super().__init__()
@@ -25,11 +29,24 @@ class ObsEncoder(nn.Module):
         self.norm = RunningNormalizer(self.shape, enabled=normalize and not image)
         self.cnn = NatureCNN(self.shape) if image else None
         self.dim = self.cnn.out_dim if image else int(math.prod(self.shape))
+        layout = layout_of(obs_space)
+        self.parts = MultiInputEncoder(layout) if layout and any(p.image for p in layout) else None
+        if self.parts is not None:
+            self.register_buffer("raw_dims", self.parts.raw_dims, persistent=False)
+            self.dim = self.parts.out_dim
+
+    @property
+    def trainable(self) -> bool:
+        """Whether it has weights of its own (a CNN): then critics get an encoder of their own."""
+        return self.cnn is not None or self.parts is not None
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if self.cnn is not None:
             return self.cnn(obs)
-        return self.norm(obs).flatten(1)
+        x = self.norm(obs).flatten(1)
+        if self.parts is not None:
+            x = self.parts(torch.where(self.raw_dims, obs.flatten(1).float(), x))
+        return x
 
 
 class QNetwork(nn.Module):
@@ -143,25 +160,25 @@ class SquashedGaussianActor(nn.Module):
 class Critics(nn.Module):
     """``n`` independent Q(s, a) networks evaluated as one batched module -> ``[n, B]``.
 
-    With ``image_shape`` the critics have a Nature CNN of their own (one, shared by the
+    With ``obs_space`` the critics have an encoder of their own (its CNNs shared by the
     ``n`` heads, trained by the critic loss, as SB3's default for pixels) and see raw
     observations; otherwise they see the actor encoder's output (``view`` picks)."""
 
     def __init__(self, obs_dim: int, act_dim: int, n: int = 2, hidden=(256, 256), activation="relu",
-                 image_shape: tuple[int, ...] | None = None):
+                 obs_space: gym.spaces.Box | None = None):
         super().__init__()
         self.n = n
-        self.cnn = NatureCNN(image_shape) if image_shape is not None else None
-        if self.cnn is not None:
-            obs_dim = self.cnn.out_dim
+        self.enc = ObsEncoder(obs_space, False) if obs_space is not None else None
+        if self.enc is not None:
+            obs_dim = self.enc.dim
         self.net = ParallelMLP(n, obs_dim + act_dim, hidden, activation, out_dim=1,
                                out_gains=tuple([1.0] * n))
 
     def view(self, raw: torch.Tensor, encoded: torch.Tensor) -> torch.Tensor:
-        """What ``forward`` takes: raw observations for an own CNN, else the actor encoder's output."""
-        return raw if self.cnn is not None else encoded
+        """What ``forward`` takes: raw observations for an own encoder, else the actor encoder's output."""
+        return raw if self.enc is not None else encoded
 
     def forward(self, x: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        if self.cnn is not None:
-            x = self.cnn(x)
+        if self.enc is not None:
+            x = self.enc(x)
         return self.net(torch.cat([x, action], dim=-1)).squeeze(-1)

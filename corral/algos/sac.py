@@ -38,8 +38,8 @@ class SAC(OffPolicy):
 
         def build():
             actor = SquashedGaussianActor(obs_space, act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs)
-            image = tuple(obs_space.shape) if actor.enc.cnn is not None else None  # critics get their own CNN
-            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, image)
+            own = obs_space if actor.enc.trainable else None  # CNNs: the critics get their own
+            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, own)
             return actor.to(device), critics.to(device)
 
         self.actor, self.critics = self._build(build)

@@ -41,8 +41,8 @@ class TD3(OffPolicy):
 
         def build():
             actor = DeterministicActor(obs_space, act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs)
-            image = tuple(obs_space.shape) if actor.enc.cnn is not None else None  # critics get their own CNN
-            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, image)
+            own = obs_space if actor.enc.trainable else None  # CNNs: the critics get their own
+            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, own)
             return actor.to(device), critics.to(device)
 
         self.actor, self.critics = self._build(build)
@@ -81,7 +81,7 @@ class TD3(OffPolicy):
         action = self.actor.box.to_unit(batch.action)
         with torch.no_grad():
             # the target actor's own CNN for images; a normalizer is always the live one
-            next_obs = (self.actor_target.enc if enc.cnn is not None else enc)(batch.next_obs)
+            next_obs = (self.actor_target.enc if enc.trainable else enc)(batch.next_obs)
             next_action = self.actor_target(next_obs)
             if cfg.target_noise > 0:
                 smoothing = (noise["target"] * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)
