@@ -147,7 +147,7 @@ class ApexDQN(ApexMixin, DQN):
 @dataclass
 class ApexTD3Config(TD3Config):
     rollout_fragment: int = option(64, "env steps per env in a fragment sent to the replay")
-    prefetch: int = option(1, "batches the learner draws from the replay server per request (staler priorities)")
+    prefetch: int = option(16, "batches the learner draws from the replay server per request (staler priorities)")
     noise_max: float = option(0.5, "Gaussian noise ladder: the largest std (unit action scale)")
     noise_min: float = option(0.05, "Gaussian noise ladder: the smallest std")
     prioritized: bool = option(True, "prioritized replay (proportional, sum-tree)")
