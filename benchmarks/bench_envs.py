@@ -6,9 +6,13 @@
 For each env, in this process and one after the other (rounds interleaved, the best
 round kept, so load from other processes on the machine hurts every variant alike):
 
-* raw: a plain loop over N envs built as corral builds them (``gymnasium.make(id)``;
-  for Atari the same Gymnasium preprocessing wrappers), ``env.step`` with actions
-  pre-generated as numpy, ``env.reset()`` by hand when an episode ends;
+* raw: a plain loop over N ``gymnasium.make(id)`` envs (for Atari, the same Gymnasium
+  preprocessing wrappers corral applies), ``env.step`` with actions pre-generated as
+  numpy, ``env.reset()`` by hand when an episode ends;
+* raw-lean: the same loop over envs built as corral builds them, which for Gymnasium's own
+  ids leaves out the two pass-through wrappers ``gymnasium.make`` adds (OrderEnforcing and
+  the env checker; see ``corral.envs.make.lean_spec``): "sync / raw-lean" is what corral's
+  own code costs, "sync / raw" what a user gets against their own loop;
 * gym-vector: Gymnasium's ``SyncVectorEnv`` over the same envs, for context;
 * corral backends: ``make_vec_env(id, N, backend=...)`` stepped with the same actions
   pre-generated as torch tensors; their steps include everything the contract gives
@@ -57,6 +61,13 @@ def timed(step, seconds: float) -> tuple[int, float, float]:
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             return k, elapsed, time.process_time() - cpu
+
+
+def default_factory(factory):
+    """``gymnasium.make`` as a user calls it, for the id ``factory`` (corral's) builds."""
+    if getattr(factory, "atari", None) is not None or not hasattr(factory, "make_id"):
+        return factory  # Atari: the preprocessing is corral's; its envs are not made lean
+    return lambda: gym.make(factory.make_id, **factory.kwargs)
 
 
 def bench_raw(factory, n: int, actions: np.ndarray, seconds: float) -> float:
@@ -136,9 +147,10 @@ def main() -> None:
             continue
         actions = make_actions(probe.action_space, n)
         probe.close()
-        variants = {"raw": lambda: bench_raw(factory, n, actions, args.seconds)}
+        variants = {"raw": lambda: bench_raw(default_factory(factory), n, actions, args.seconds),
+                    "raw-lean": lambda: bench_raw(factory, n, actions, args.seconds)}
         if not args.no_gym_vector:
-            variants["gym-vector"] = lambda: bench_gym_vector(factory, n, actions, args.seconds)
+            variants["gym-vector"] = lambda: bench_gym_vector(default_factory(factory), n, actions, args.seconds)
         for b in backends:
             variants[b] = lambda b=b: bench_corral(env_id, n, b, actions, args.seconds)
         best: dict[str, float] = {}
@@ -159,11 +171,14 @@ def main() -> None:
         for name, sps in best.items():
             # CPU time of this process: robust to other load, but meaningless where the work
             # runs in other processes (subproc) or threads (envpool).
-            in_process = name in ("raw", "gym-vector", "sync")
+            in_process = name in ("raw", "raw-lean", "gym-vector", "sync")
             cpu_ratio = f"{best_cpu[name] / raw_cpu:>11.3f}" if in_process else f"{'-':>11}"
             print(f"  {name:<12} {sps:>10,.0f} {sps / raw:>7.3f} {cpu_ratio}")
             results.append({"env": env_id, "variant": name, "num_envs": n, "steps_per_s": sps, "ratio_vs_raw": sps / raw,
                             "cpu_ratio_vs_raw": best_cpu[name] / raw_cpu if in_process else None})
+        if "sync" in best:
+            print(f"  sync / raw-lean (corral's own cost): {best['sync'] / best['raw-lean']:.3f}, "
+                  f"CPU {best_cpu['sync'] / best_cpu['raw-lean']:.3f}")
         print()
     if args.json:
         with open(args.json, "w") as f:

@@ -20,9 +20,10 @@ def backend_env(backend, spec, n, kwargs=None, **kw):
 # --- actions
 
 
+@pytest.mark.parametrize("backend", BACKENDS)  # actions as numpy scalars / as one array
 @pytest.mark.parametrize("bad", [2, -1])
-def test_discrete_action_outside_the_space_is_rejected(bad):
-    env = make_vec_env("CartPole-v1", 3)
+def test_discrete_action_outside_the_space_is_rejected(bad, backend):
+    env = make_vec_env("CartPole-v1", 3, backend=backend)
     env.reset(seed=0)
     with pytest.raises(EnvError, match=rf"action {bad} for env index 1 is outside Discrete\(2\) \(valid: 0 .. 1\)"):
         env.step(torch.tensor([0, bad, 1]))

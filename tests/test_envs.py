@@ -22,6 +22,43 @@ def test_gymnasium_id_gives_a_torch_batch_matching_gymnasium():
     assert info["final_obs"].shape == (3, 4)
 
 
+def test_gymnasium_ids_are_built_without_pass_through_wrappers_and_step_as_gymnasium_make_does():
+    """corral builds Gymnasium's own ids without OrderEnforcing and the env checker (two
+    pass-through calls per step); any other registered env keeps the checker. The envs
+    step exactly as ``gymnasium.make``'s, across episode ends and the time limit."""
+    from gymnasium.wrappers.common import OrderEnforcing, PassiveEnvChecker
+
+    from corral.envs.group import layers
+
+    assert [type(x).__name__ for x in layers(make_factory("CartPole-v1")())] == ["TimeLimit", "CartPoleEnv"]
+    gym.register("CorralTestCount-v0", entry_point="envs_for_tests:CountEnv", max_episode_steps=50)
+    try:
+        kinds = [type(x) for x in layers(make_factory("CorralTestCount-v0")())]
+    finally:
+        del gym.registry["CorralTestCount-v0"]
+    assert PassiveEnvChecker in kinds and OrderEnforcing not in kinds
+
+    n, limit = 3, 40
+    env = make_vec_env("CartPole-v1", n, kwargs={"max_episode_steps": limit})
+    obs = env.reset(seed=11)
+    refs = [gym.make("CartPole-v1", max_episode_steps=limit) for _ in range(n)]
+    ref_obs = [r.reset(seed=11 + i)[0] for i, r in enumerate(refs)]
+    np.testing.assert_array_equal(obs.numpy(), np.stack(ref_obs))
+    actions = torch.from_numpy(np.random.default_rng(0).integers(0, 2, size=(300, n)))
+    ends = {"terminated": 0, "truncated": 0}
+    for act in actions:
+        obs, rew, term, trunc, info = env.step(act)
+        for i, r in enumerate(refs):
+            o, rr, te, tr, _ = r.step(int(act[i]))
+            assert (rew[i].item(), term[i].item(), trunc[i].item()) == (rr, te, tr)
+            np.testing.assert_array_equal(info["final_obs"][i].numpy(), o)
+            if te or tr:
+                ends["terminated" if te else "truncated"] += 1
+                o, _ = r.reset()
+            np.testing.assert_array_equal(obs[i].numpy(), o)
+    assert ends["terminated"] > 5 and ends["truncated"] > 0  # both kinds of episode end were crossed
+
+
 def test_truncated_episode_keeps_its_true_final_observation():
     env = make_vec_env("envs_for_tests:short_cartpole", 2, kwargs={"max_episode_steps": 3})
     env.reset(seed=0)

@@ -55,6 +55,8 @@ def resolve_envpool_id(spec: str, envpool: Any) -> tuple[str, bool]:
 class EnvPoolVecEnv(HostVecEnv):
     """``num_envs`` EnvPool envs, synchronous (the whole batch each step)."""
 
+    _discrete_as_array = True
+
     def __init__(
         self,
         spec: Any,

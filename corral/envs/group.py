@@ -30,6 +30,13 @@ _COPYABLE_MODULES = ("gymnasium.envs.classic_control", "gymnasium.envs.toy_text"
 EPISODE_KEY = "corral_episode"
 
 
+def obs_dtype(space: gym.Space) -> np.dtype:
+    """The dtype of a batch of observations from ``space``: float32 for any float space
+    (MuJoCo's float64 included), the space's own dtype otherwise."""
+    dtype = np.dtype(space.dtype)
+    return np.dtype(np.float32) if dtype.kind == "f" else dtype
+
+
 def is_copyable(env: gym.Env) -> bool:
     unwrapped = env.unwrapped
     return bool(getattr(unwrapped, "corral_copyable", False)) or type(unwrapped).__module__.startswith(_COPYABLE_MODULES)
@@ -119,8 +126,10 @@ class EnvGroup:
         self.max_restarts = max_restarts
         self.envs = [flatten_parts(f()) for f in self.factories]
         n = len(self.envs)
-        self.obs_shape = tuple(self.envs[0].observation_space.shape)
-        self._joined = (-1, *self.obs_shape[1:]) if self.obs_shape else (-1,)  # observations stacked by concatenate
+        space = self.envs[0].observation_space
+        self.obs_shape = tuple(space.shape)
+        self.obs_dtype = obs_dtype(space)
+        self._batch_shape = (len(self.envs), *self.obs_shape)
         self.external = [reports_episodes(e) for e in self.envs]
         # Running episode statistics: the return (float64 sum of the float32 rewards handed
         # out) and the step count at each episode's start, so lengths cost nothing per step.
@@ -158,14 +167,13 @@ class EnvGroup:
         self.last_obs = obs
         return obs
 
-    def step(self, actions: Any, step: int, obs: np.ndarray, rew: np.ndarray) -> list[Ended]:
+    def step(self, actions: Any, step: int) -> tuple[np.ndarray, np.ndarray, list[Ended]]:
         """One step of every env with ``actions[i]``; autoreset where an episode ended.
 
-        Writes the observations (the next episode's first where one ended) into ``obs``
-        (``[n, *obs_shape]``) and the rewards into ``rew`` (float32 ``[n]``), the caller's
-        arrays.
-        Returns the envs whose step ended an episode, a life or a crashed env: an empty
-        list in most steps. ``step`` is the vector step, for messages.
+        Returns the observations (the next episode's first where one ended; ``[n,
+        *obs_shape]`` of ``obs_dtype``), the rewards (float32 ``[n]``), both fresh arrays,
+        and the envs whose step ended an episode, a life or a crashed env: an empty list
+        in most steps. ``step`` is the vector step, for messages.
         """
         obs_list: list[Any] = []
         rews: list[Any] = []
@@ -176,16 +184,18 @@ class EnvGroup:
             raise
         except Exception as e:
             self._step_rest(actions, obs_list, rews, ended, e, step)
-        self._write_obs(obs_list, obs, step)
+        obs = self._stack(obs_list, step)
         try:
-            rew[:] = rews
+            rew = np.array(rews, dtype=np.float32)
         except (TypeError, ValueError):
+            rew = None
+        if rew is None or rew.shape != self.ep_ret.shape:
             raise EnvError(f"env {self.env_id!r} returned a reward that is not a number at vector step {step}: "
-                           f"{rews}") from None
+                           f"{rews}")
         self.ep_ret += rew
         self.t += 1
         self.last_obs = obs_list
-        return [self._ended(*e, step) for e in ended] if ended else []
+        return obs, rew, ([self._ended(*e, step) for e in ended] if ended else ended)
 
     def _step_envs(self, start: int, actions: Any, obs_list: list, rews: list, ended: list, step: int) -> None:
         """The loop itself, as lean as a hand-written one: envs ``start ..`` step, those that end reset."""
@@ -224,21 +234,14 @@ class EnvGroup:
                 raise EnvError(f"{self._where(i)} raised in reset at vector step {step}: {_describe(e)}") from e
             return self._restart(i, e, step)
 
-    def _write_obs(self, obs_list: list, out: np.ndarray, step: int) -> None:
-        """Stack the observations into ``out``; any shape other than the space's is an error, never a broadcast."""
+    def _stack(self, obs_list: list, step: int) -> np.ndarray:
+        """The observations as one array; any shape other than the space's is an error, never a broadcast."""
         try:
-            # One call; joining the first axes makes any other shape an error (never a broadcast)
-            np.concatenate(obs_list, out=out.reshape(self._joined), casting="unsafe")
-            return
-        except (ValueError, TypeError):  # a wrong shape, or scalar observations (which cannot be concatenated)
-            pass
-        try:
-            arr = np.asarray(obs_list)
+            arr = np.array(obs_list, dtype=self.obs_dtype)  # ragged shapes raise; the same wrong shape does not
         except (ValueError, TypeError):
             arr = None
-        if arr is not None and arr.shape == (len(obs_list), *self.obs_shape):
-            out[...] = arr
-            return
+        if arr is not None and arr.shape == self._batch_shape:
+            return arr
         shapes = sorted({np.shape(o) for o in obs_list}, key=str)
         raise EnvError(
             f"env {self.env_id!r} returned observations of shape {', '.join(map(str, shapes))} at vector step "

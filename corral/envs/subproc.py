@@ -88,7 +88,7 @@ def _worker(conn, parent_conn, payload, offset: int, count: int, env_id: str, on
                 break
             try:
                 if cmd == "step":
-                    ended = group.step(act[lo:hi].copy(), arg, obs[lo:hi], rew[lo:hi])
+                    obs[lo:hi], rew[lo:hi], ended = group.step(act[lo:hi].copy(), arg)
                     term[lo:hi] = False
                     trunc[lo:hi] = False
                     ep_done[lo:hi] = False
@@ -154,6 +154,8 @@ class SubprocVecEnv(HostVecEnv):
     ``start_method``: ``"fork"`` (default on Linux: starts in milliseconds),
     ``"forkserver"`` or ``"spawn"`` (each worker imports corral again).
     """
+
+    _discrete_as_array = True
 
     def __init__(
         self,
@@ -331,7 +333,7 @@ class SubprocVecEnv(HostVecEnv):
         self._last_obs = self._buf["obs"].copy()
         return self._last_obs
 
-    def _step_into(self, acts, obs, rew):
+    def _step(self, acts):
         b = self._buf
         b["act"][:] = acts
         dead: list = []
@@ -343,15 +345,14 @@ class SubprocVecEnv(HostVecEnv):
         revived = []
         for err in dead:  # a process that died (a segfault, the OOM killer): a new one, fresh episodes
             revived += self._revive(err.worker, err)
-        obs[...] = b["obs"]
-        rew[:] = b["rew"]
+        obs, rew = b["obs"].copy(), b["rew"].copy()
         self._last_obs = obs
         term, trunc, ep_done = b["term"], b["trunc"], b["ep_done"]
         if not (revived or term.any() or trunc.any()):
-            return []
+            return obs, rew, []
         ret, length = b["ep_ret"], b["ep_len"]
         gone = {i for i, *_ in revived}
-        return sorted(revived + [(int(i), bool(term[i]), bool(trunc[i]), b["final"][i].copy(),
+        return obs, rew, sorted(revived + [(int(i), bool(term[i]), bool(trunc[i]), b["final"][i].copy(),
                                   (float(ret[i]), int(length[i])) if ep_done[i] else None)
                                  for i in np.nonzero(term | trunc)[0] if int(i) not in gone], key=lambda e: e[0])
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from corral.envs.base import EnvError
-from corral.envs.group import EnvGroup, Ended
+from corral.envs.group import EnvGroup, Ended, obs_dtype
 from corral.envs.make import EnvFactory, check_env
 
 BACKENDS = ("sync", "subproc", "envpool", "native")
@@ -74,13 +74,14 @@ _INT_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64, torc
 
 class HostVecEnv:
     """Front end of a vector env whose envs step on the host. Subclasses implement
-    ``_reset_arrays(seed) -> obs`` and either ``_step_into(actions, obs, rew) -> ended``
-    (write into the given rows, see :meth:`EnvGroup.step`) or ``_step_arrays(actions) ->
-    (obs, finals, rew, term, trunc, episodes)`` (arrays or lists)."""
+    ``_reset_arrays(seed) -> obs`` and either ``_step(actions) -> (obs, rew, ended)``
+    (fresh arrays, see :meth:`EnvGroup.step`) or ``_step_arrays(actions) -> (obs, finals,
+    rew, term, trunc, episodes)`` (arrays or lists)."""
 
     num_envs: int
     env_id: str
     copyable: bool = False
+    _discrete_as_array = False  # Discrete actions as one numpy array (backends that hand the batch on)
 
     def _init_front(
         self,
@@ -97,8 +98,7 @@ class HostVecEnv:
         self.device = torch.device(device)
         self.check_finite = check_finite
         self.strict = strict
-        if isinstance(observation_space, gym.spaces.Box) and observation_space.dtype.kind == "f" and \
-                observation_space.dtype != np.float32:
+        if isinstance(observation_space, gym.spaces.Box) and obs_dtype(observation_space) != observation_space.dtype:
             # The contract: float observations are float32 (MuJoCo's float64 included).
             with np.errstate(over="ignore"):
                 observation_space = gym.spaces.Box(
@@ -109,7 +109,7 @@ class HostVecEnv:
         self.single_action_space = action_space
         self.steps = 0  # vector steps since construction, for error messages
         self.out_of_bounds_actions = 0  # env actions outside a Box's bounds, clipped
-        self._obs_dtype = np.dtype(observation_space.dtype)  # after the float32 cast above
+        self._obs_dtype = obs_dtype(observation_space)
         self._obs_shape = tuple(observation_space.shape)
         self._check_obs = check_finite and self._obs_dtype.kind == "f"
         space = action_space
@@ -133,16 +133,20 @@ class HostVecEnv:
         self._warned_oob = False
         if self._discrete:
             # What Gymnasium's sample() gives (numpy scalars of the space's dtype), made once
-            # (which costs less than making them, and Gymnasium checks them faster than ints).
+            # (which costs less than making them, and Gymnasium checks them faster than ints),
+            # keyed by value: a lookup is the range check too.
             self._act_type = space.dtype.type
             n_act = self._act_hi - self._act_lo
-            self._act_values = [self._act_type(v) for v in range(self._act_lo, self._act_hi)] if n_act <= 4096 else None
+            small = n_act <= 4096 and not self._discrete_as_array
+            self._act_values = {v: self._act_type(v) for v in range(self._act_lo, self._act_hi)} if small else None
         elif not self._multi:
             # Bounds that are one number each (the usual [-1, 1]) take a min and a max to check.
             lo, hi = np.unique(self._low), np.unique(self._high)
             self._uniform_bounds = (float(lo[0]), float(hi[0])) if len(lo) == 1 and len(hi) == 1 else None
         n = num_envs
         self._on_cpu = self.device.type == "cpu"
+        if self._on_cpu:
+            self._tensor = torch.from_numpy  # one call fewer per tensor, five times a step
         dev = self.device
         # Shared constants for steps in which nothing ended (read-only, like everything a step returns)
         self._no_term = torch.zeros(n, dtype=torch.bool, device=dev)
@@ -150,13 +154,13 @@ class HostVecEnv:
         self._no_ep_ret = torch.zeros(n, dtype=torch.float32, device=dev)
         self._no_ep_len = torch.zeros(n, dtype=torch.int64, device=dev)
         self._no_ep_done = torch.zeros(n, dtype=torch.bool, device=dev)
-        self._batch_obs_shape = (n, *self._obs_shape)
         self._restart_messages: list[str] = []  # a backend's restart notices, warned after the step
 
     # --- the boundary
     def _actions(self, action: Any) -> Any:
         """Check one batch of actions and hand back what the envs get: a list of numpy
-        integers for ``Discrete`` (as ``sample()`` gives them), a numpy array otherwise."""
+        integers for ``Discrete`` (as ``sample()`` gives them; an array where
+        ``_discrete_as_array``), a numpy array otherwise."""
         if not isinstance(action, torch.Tensor):
             action = torch.as_tensor(np.asarray(action))
         shape = action.shape
@@ -176,16 +180,21 @@ class HostVecEnv:
             if len(shape) == 2:
                 values = [v for (v,) in values]
             lo, hi = self._act_lo, self._act_hi
-            if min(values) < lo or max(values) >= hi:
-                i = next(j for j, v in enumerate(values) if not lo <= v < hi)
-                raise EnvError(
-                    f"env {self.env_id!r}: action {values[i]} for env index {i} is outside "
-                    f"{self.single_action_space} (valid: {lo} .. {hi - 1})"
-                )
             table = self._act_values
-            if table is None:
+            if table is not None:
+                try:
+                    return [table[v] for v in values]
+                except KeyError:  # some value is out of range: named below
+                    pass
+            elif lo <= min(values) and max(values) < hi:
+                if self._discrete_as_array:
+                    return np.array(values, dtype=self._act_type)
                 return [self._act_type(v) for v in values]
-            return [table[v - lo] for v in values]
+            i = next(j for j, v in enumerate(values) if not lo <= v < hi)
+            raise EnvError(
+                f"env {self.env_id!r}: action {values[i]} for env index {i} is outside "
+                f"{self.single_action_space} (valid: {lo} .. {hi - 1})"
+            )
         try:
             acts = action.numpy()
         except (TypeError, RuntimeError):  # on a GPU, or part of a graph
@@ -281,19 +290,14 @@ class HostVecEnv:
 
     def step(self, action: torch.Tensor):
         acts = self._actions(action)
-        obs = np.empty(self._batch_obs_shape, dtype=self._obs_dtype)  # fresh each step: torch shares it, no copy
-        rew = np.empty(self.num_envs, dtype=np.float32)
-        ended = self._step_into(acts, obs, rew)
-        if self.check_finite:
-            # One test for both in the common case (see _all_finite); the exact ones name the culprit.
-            if not (self._check_obs and math.isfinite(float(np.vdot(obs, obs)) + sum(rew.tolist()))):
-                if self._check_obs:
-                    self._check("observation", obs)
-                self._check("reward", rew)
-        if self._on_cpu:
-            obs_t, rew_t = torch.from_numpy(obs), torch.from_numpy(rew)
-        else:
-            obs_t, rew_t = self._tensor(obs), self._tensor(rew)
+        obs, rew, ended = self._step(acts)  # fresh arrays each step: torch shares them, no copy
+        # One test for both in the common case (see _all_finite); the exact ones name the culprit.
+        if self.check_finite and not (self._check_obs and math.isfinite(float(np.vdot(obs, obs)) + sum(rew.tolist()))):
+            if self._check_obs:
+                self._check("observation", obs)
+            self._check("reward", rew)
+        tensor = self._tensor
+        obs_t, rew_t = tensor(obs), tensor(rew)
         if ended:
             out = self._ended(obs, obs_t, rew_t, ended)
         else:  # the common case: nothing ended, so nothing else to make
@@ -306,11 +310,15 @@ class HostVecEnv:
         return out
 
     def _ended(self, obs: np.ndarray, obs_t: torch.Tensor, rew_t: torch.Tensor, ended: list[Ended]):
-        """The step's tensors where some env ended an episode (or a life, or crashed)."""
+        """The step's tensors where some env ended an episode (or a life, or crashed).
+
+        Flags nobody raised are the shared all-false constants, and where every env that
+        ended closed a whole episode, ``episode_done`` is the ``terminated`` (or
+        ``truncated``) tensor itself: a third of CartPole's vector steps come here."""
         n = self.num_envs
         final = obs.copy()
-        term_t, trunc_t = self._no_term, self._no_trunc  # replaced below where some flag is true
         term = trunc = ep_ret = None
+        whole = True  # every env that ended closed an episode (no life lost, nothing restarted)
         for i, terminated, truncated, final_obs, episode in ended:
             final[i] = final_obs
             if terminated:
@@ -321,43 +329,49 @@ class HostVecEnv:
                 if trunc is None:
                     trunc = np.zeros(n, dtype=bool)
                 trunc[i] = True
-            if episode is not None:
-                if ep_ret is None:
-                    ep_ret, ep_len, ep_done = np.zeros(n, np.float32), np.zeros(n, np.int64), np.zeros(n, bool)
-                ret, ep_len[i] = episode
-                if abs(ret) < 3e38:
+            if episode is None:
+                whole = False
+                continue
+            if ep_ret is None:
+                ep_ret, ep_len = np.zeros(n, np.float32), np.zeros(n, np.int64)
+            ret, ep_len[i] = episode
+            if abs(ret) < 3e38:
+                ep_ret[i] = ret
+            else:
+                with np.errstate(over="ignore"):  # a return past float32's range reads as inf, as it is
                     ep_ret[i] = ret
-                else:
-                    with np.errstate(over="ignore"):  # a return past float32's range reads as inf, as it is
-                        ep_ret[i] = ret
-                ep_done[i] = True
         if self._check_obs and not _all_finite(final):
             self._check("observation", final)
-        if term is not None:
-            term_t = self._tensor(term)
-        if trunc is not None:
-            trunc_t = self._tensor(trunc)
-        info = {"final_obs": self._tensor(final)}
+        tensor = self._tensor
+        term_t = self._no_term if term is None else tensor(term)
+        trunc_t = self._no_trunc if trunc is None else tensor(trunc)
+        info = {"final_obs": tensor(final)}
         if ep_ret is None:
             info.update(episode_return=self._no_ep_ret, episode_length=self._no_ep_len, episode_done=self._no_ep_done)
         else:
-            info.update(episode_return=self._tensor(ep_ret), episode_length=self._tensor(ep_len),
-                        episode_done=self._tensor(ep_done))
+            if whole and (term is None or trunc is None):
+                done_t = term_t if trunc is None else trunc_t  # the same flags: one tensor for both
+            else:
+                ep_done = np.zeros(n, dtype=bool)
+                for i, _, _, _, episode in ended:
+                    ep_done[i] = episode is not None
+                done_t = tensor(ep_done)
+            info.update(episode_return=tensor(ep_ret), episode_length=tensor(ep_len), episode_done=done_t)
         return obs_t, rew_t, term_t, trunc_t, info
 
-    def _step_into(self, acts: Any, obs: np.ndarray, rew: np.ndarray) -> list[Ended]:
-        """Step the envs, writing into ``obs`` and ``rew`` (see :meth:`EnvGroup.step`); return
-        the envs that ended. This default adapts backends that implement
+    def _step(self, acts: Any) -> tuple[np.ndarray, np.ndarray, list[Ended]]:
+        """Step the envs: fresh observation and reward arrays, and the envs that ended (see
+        :meth:`EnvGroup.step`). This default adapts backends that implement
         ``_step_arrays(acts) -> (obs, finals, rew, term, trunc, episodes)`` instead."""
         if isinstance(acts, list):
             acts = np.asarray(acts)
         obs_all, finals, rew_all, term, trunc, episodes = self._step_arrays(acts)
-        obs[...] = self._obs_array(obs_all)
-        rew[:] = rew_all
+        obs = np.array(self._obs_array(obs_all))  # a copy: the backend may reuse its buffers
+        rew = np.array(rew_all, dtype=np.float32)
         term, trunc = np.asarray(term, dtype=bool), np.asarray(trunc, dtype=bool)
         eps = {i: (ret, length) for i, ret, length in episodes}
-        return [(int(i), bool(term[i]), bool(trunc[i]), finals[int(i)], eps.get(int(i)))
-                for i in np.nonzero(term | trunc)[0]]
+        return obs, rew, [(int(i), bool(term[i]), bool(trunc[i]), finals[int(i)], eps.get(int(i)))
+                          for i in np.nonzero(term | trunc)[0]]
 
     def _warn_restarts(self) -> None:
         for m in self._restart_messages:
@@ -412,8 +426,8 @@ class SyncVecEnv(HostVecEnv):
     def _reset_arrays(self, seed):
         return self.group.reset(seed)
 
-    def _step_into(self, acts, obs, rew):
-        return self.group.step(acts, self.steps, obs, rew)
+    def _step(self, acts):
+        return self.group.step(acts, self.steps)
 
     def state_dict(self) -> dict[str, Any]:
         g = self.group.get_state()
