@@ -1,0 +1,59 @@
+"""A hash of where a fixed training budget leaves each algorithm: the actor's parameters and
+buffers (normalizer included), the run's counters and the last returns. A refactor that is
+meant to keep semantics keeps these hashes; a change meant to move numbers shows here.
+
+Runs through the public API only (``corral.train``), so the same script measures another
+checkout of corral: ``PYTHONPATH=/path/to/other/checkout python benchmarks/state_hash.py``.
+
+    python benchmarks/state_hash.py                 # every case
+    python benchmarks/state_hash.py --only ppo dqn  # some of them
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+
+import torch
+
+CASES = {
+    # name: (algo, env, steps, overrides)
+    "ppo": ("ppo", "CartPole-v1", 8192, {"eval.episodes": 0}),
+    "ppo_minibatch": ("ppo", "CartPole-v1", 4096, {"eval.episodes": 0, "ppo.batch_size": 64}),
+    "dqn": ("dqn", "CartPole-v1", 6000, {"eval.episodes": 0}),
+    "sac": ("sac", "Pendulum-v1", 1500, {"eval.episodes": 0, "sac.learning_starts": 500}),
+    "td3": ("td3", "Pendulum-v1", 1500, {"eval.episodes": 0, "td3.learning_starts": 500}),
+    "impala": ("impala", "CartPole-v1", 4096, {"eval.episodes": 0}),
+}
+
+
+def state_hash(agent) -> str:
+    h = hashlib.sha256()
+    for key, t in sorted(agent.algo.actor.state_dict().items()):
+        h.update(key.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    s = agent.summary
+    h.update(json.dumps([s.get("env_steps"), s.get("episodes"), s.get("last20_return")]).encode())
+    return h.hexdigest()[:16]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="*", default=list(CASES))
+    args = p.parse_args()
+    import corral
+
+    torch.set_num_threads(1)
+    out = {}
+    for name in args.only:
+        algo, env, steps, overrides = CASES[name]
+        agent = corral.train(algo, env, steps=steps, seed=0, save_run=False, **overrides)
+        out[name] = {"hash": state_hash(agent), "episodes": agent.summary.get("episodes"),
+                     "last20_return": agent.summary.get("last20_return")}
+        print(name, json.dumps(out[name]), flush=True)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
