@@ -60,7 +60,8 @@ def eval_policy(act, env_id, episodes=10, seed=1000):
 
 def run_corral(algo, seed):
     import corral
-    from corral.train.learner import Learner, build_config
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config
 
     env_id, steps, _ = PRESETS[algo]
     cfg = build_config(algo, env_id, steps=steps, seed=seed,
@@ -147,7 +148,8 @@ def bare_step(algo):
 def per_step(args):
     import stable_baselines3 as sb3
 
-    from corral.train.learner import Learner, build_config
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config
 
     grad_steps = {"dqn": 128, "sac": 100}
     for algo in args.algos:

@@ -35,7 +35,8 @@ ZOO = ["ppo.n_epochs=20", "ppo.lr=0.001"]
 
 
 def run_corral(seed: int, zoo: bool = False) -> dict:
-    from corral.train.learner import Learner, build_config
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config
 
     cfg = build_config("ppo", "CartPole-v1", steps=BUDGET, seed=seed, stop_at_return=TARGET,
                        sets=["progress=false", "eval.episodes=0", "tensorboard=false"] + (ZOO if zoo else []))

@@ -57,7 +57,7 @@ def collection(args) -> dict:
 
     from corral.schemes.collector import Collector, collector_state, driver_paths
     from corral.schemes.ray_scheme import RayPool
-    from corral.train.learner import build_config
+    from corral.train.setup import build_config
 
     spec = f"{os.path.join(HERE, 'bench_ray.py')}:BusyCartPole"
     cfg = build_config("ppo", spec, overrides={"env.num_envs": args.envs, "env.kwargs": {"us": args.env_us},
@@ -102,7 +102,8 @@ def collection(args) -> dict:
 CORRAL_SCRIPT = textwrap.dedent("""
     import json, sys, time
     t0 = time.perf_counter()
-    from corral.train.learner import Learner, build_config
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config
     collectors, seed, target = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
     sets = ["eval.episodes=0", "tensorboard=false", "progress=false", f"scheme.collectors={collectors}"]
     if collectors > 1:

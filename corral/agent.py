@@ -15,7 +15,8 @@ from corral.envs.make import env_name
 from corral.rng import RNGStreams
 from corral.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from corral.train.evaluate import run_episodes, summarize
-from corral.train.learner import Learner, build_config, make_env, new_run_dir, resolve_device
+from corral.train.learner import Learner
+from corral.train.setup import build_config, make_env, new_run_dir, resolve_device
 
 
 def config_from_dict(data: dict) -> C.TrainConfig:

@@ -13,7 +13,8 @@ from corral.errors import TrainingError, UserError
 
 def _cmd_train(args) -> int:
     from corral import config as C
-    from corral.train.learner import Learner, build_config, new_run_dir
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config, new_run_dir
 
     cfg = build_config(
         args.algo, args.env, steps=args.steps, seed=args.seed, num_envs=args.num_envs, device=args.device,
@@ -94,7 +95,7 @@ def _cmd_eval(args) -> int:
 
 def _cmd_list(args) -> int:
     from corral.algos import ALGOS, get_algo
-    from corral.train.learner import list_presets
+    from corral.train.setup import list_presets
 
     if args.options:
         spec = get_algo(args.options)

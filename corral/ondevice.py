@@ -322,7 +322,7 @@ def train_ondevice(algo: str = "ppo", env_id: str = "native:CartPole-v1", num_en
     from corral import config as C
     from corral.agent import Agent
     from corral.envs.native import make_native
-    from corral.train.learner import resolve_device
+    from corral.train.setup import resolve_device
 
     if algo != "ppo":
         raise UserError(f"the on-device path supports algo 'ppo' only, got {algo!r}")

@@ -41,7 +41,7 @@ def _cmd_solve(args) -> int:
 
     from corral.problems.graphs import read_gset
     from corral.problems.maxcut_solver import solve_maxcut
-    from corral.train.learner import resolve_device
+    from corral.train.setup import resolve_device
 
     if args.problem not in PROBLEMS:
         raise UserError(f"unknown problem {args.problem!r}; choose one of: {', '.join(PROBLEMS)}")

@@ -11,11 +11,12 @@ import torch
 import corral
 from corral.algos.apex import ApexTD3, ladder, nstep_window
 from corral.cli import main
-from corral.schemes.base import FragmentScheme
+from corral.schemes.fragments import FragmentScheme
 from corral.schemes.collector import Collector, driver_paths
 from corral.schemes.replay_server import ReplayClient, ReplayServer
 from corral.storage.replay import ReplayBuffer
-from corral.train.learner import Learner, build_config
+from corral.train.learner import Learner
+from corral.train.setup import build_config
 
 QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
 

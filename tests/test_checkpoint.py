@@ -7,7 +7,8 @@ import corral
 from corral.agent import config_from_dict
 from corral.cli import main
 from corral.train.checkpoint import load_checkpoint, save_checkpoint
-from corral.train.learner import Learner, build_config
+from corral.train.learner import Learner
+from corral.train.setup import build_config
 
 FAST = ["ppo.n_steps=32", "ppo.batch_size=64", "ppo.n_epochs=2", "env.num_envs=2",
         "ppo.lr_schedule=constant", "ppo.clip_schedule=constant", "eval.episodes=0", "progress=false",

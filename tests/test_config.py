@@ -3,7 +3,7 @@ import yaml
 
 from corral import config as C
 from corral.errors import UserError
-from corral.train.learner import build_config
+from corral.train.setup import build_config
 
 
 def test_preset_is_used_by_default_and_set_overrides_it():

@@ -11,7 +11,8 @@ import torch
 from corral.algos.offpolicy import OffPolicy
 from corral.rng import RNGStreams
 from corral.schemes.grad import LocalGradPool, ShardedOffPolicy, sharded_class
-from corral.train.learner import Learner, build_config
+from corral.train.learner import Learner
+from corral.train.setup import build_config
 
 QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
 

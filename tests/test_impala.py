@@ -9,8 +9,9 @@ import torch
 import corral
 from corral.algos.impala import IMPALA
 from corral.cli import main
-from corral.schemes.base import FragmentScheme
-from corral.train.learner import Learner, build_config
+from corral.schemes.fragments import FragmentScheme
+from corral.train.learner import Learner
+from corral.train.setup import build_config
 
 QUIET = ["--set", "tensorboard=false", "--set", "eval.episodes=1"]
 FAST = {"n_steps": 16, "env.num_envs": 4, "tensorboard": False, "progress": False, "eval.episodes": 0}

@@ -15,7 +15,8 @@ from corral.algos import get_algo
 from corral.cli import main
 from corral.errors import UserError
 from corral.rng import RNGStreams
-from corral.train.learner import Learner, build_config
+from corral.train.learner import Learner
+from corral.train.setup import build_config
 
 QUIET = ["--set", "tensorboard=false", "--set", "eval.episodes=1"]
 TINY = {"dqn": ["learning_starts=64", "batch_size=32", "train_freq=4", "target_update_interval=50", "hidden=[32]"],

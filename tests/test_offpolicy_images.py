@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import corral
-from corral.train.learner import Learner, build_config
+from corral.train.learner import Learner
+from corral.train.setup import build_config
 
 
 ENV = "envs_for_tests:PixelTarget"

@@ -18,11 +18,12 @@ from corral.actors.normalizer import RunningNormalizer
 from corral.algos.ppo import PPO
 from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
-from corral.schemes.base import FragmentScheme
+from corral.schemes.fragments import FragmentScheme
 from corral.schemes.collector import Collector, driver_paths, fragment_length
 from corral.schemes.grad import LocalGradPool, ShardedPPO
 from corral.train.checkpoint import load_checkpoint
-from corral.train.learner import Learner, build_config, new_run_dir
+from corral.train.learner import Learner
+from corral.train.setup import build_config, new_run_dir
 
 QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
 

@@ -22,7 +22,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from corral.errors import UserError
-from corral.schemes.base import CollectorFailed, FragmentScheme
+from corral.schemes.fragments import CollectorFailed, FragmentScheme
 from corral.schemes.collector import Collector, driver_paths, portable_env_spec
 from corral.schemes.grad import GradientWorker
 from corral.schemes.replay_server import ReplayClient, ReplayServer

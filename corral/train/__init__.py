@@ -1,6 +1,9 @@
-"""Training: the Learner loop, run directories, metrics, checkpoints, evaluation."""
+"""Training: the Learner loop (``learner``), its hooks (``hooks``), run setup (``setup``),
+checkpoints and evaluation."""
 
 from corral.train.checkpoint import load_checkpoint, save_checkpoint
-from corral.train.learner import Learner, build_config, new_run_dir
+from corral.train.learner import Learner
+from corral.train.setup import build_config, make_env, new_run_dir, resolve_device
 
-__all__ = ["Learner", "build_config", "load_checkpoint", "new_run_dir", "save_checkpoint"]
+__all__ = ["Learner", "build_config", "load_checkpoint", "make_env", "new_run_dir", "resolve_device",
+           "save_checkpoint"]

@@ -1,0 +1,201 @@
+"""What consumes the Learner's stream: metrics (JSONL + TensorBoard), evaluation, checkpoints
+and the progress bar. Each hook is called with the learner after every update event and
+closed at the end (in reverse order, so the final evaluation precedes the last checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import TYPE_CHECKING
+
+from corral.train.evaluate import run_episodes, summarize
+from corral.train.setup import make_env
+
+if TYPE_CHECKING:
+    from corral.train.learner import Learner
+
+
+class MetricsHook:
+    """Writes metrics.jsonl and TensorBoard scalars every ``log_every`` env steps."""
+
+    def __init__(self, learner: "Learner"):
+        self.every = max(1, learner.cfg.log_every)
+        self.next = learner.env_steps + self.every
+        self.file = open(learner.run_dir / "metrics.jsonl", "a") if learner.run_dir else None
+        self.tb = None
+        if learner.run_dir and learner.cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(learner.run_dir / "tb"))
+        self.last_steps, self.last_time = learner.env_steps, time.perf_counter()
+
+    def write(self, learner: "Learner", record: dict) -> None:
+        record = {"step": learner.env_steps, **record}
+        learner.last_metrics.update(record)
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        if self.tb:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, learner.env_steps)
+
+    def __call__(self, learner: "Learner", stats: dict, final: bool = False) -> None:
+        self.stats = stats
+        if learner.env_steps < self.next and not final:
+            return
+        self.next = learner.env_steps + self.every
+        now = time.perf_counter()
+        sps = (learner.env_steps - self.last_steps) / max(now - self.last_time, 1e-9)
+        self.last_steps, self.last_time = learner.env_steps, now
+        record = {
+            "episodes": learner.episodes,
+            "steps_per_second": sps,
+            "time": learner.train_seconds,
+            **{k: v for k, v in stats.items()},
+        }
+        if learner.new_returns:
+            record["episode_return"] = sum(learner.new_returns) / len(learner.new_returns)
+            record["episode_length"] = sum(learner.new_lengths) / len(learner.new_lengths)
+            learner.new_returns.clear()
+            learner.new_lengths.clear()
+        if learner.recent_returns:
+            record["last20_return"] = learner.last20_return
+        self.write(learner, record)
+
+    def close(self, learner: "Learner") -> None:
+        if learner.env_steps > self.last_steps and not learner.failed:
+            self(learner, getattr(self, "stats", {}), final=True)
+        if self.file:
+            self.file.close()
+        if self.tb:
+            self.tb.close()
+
+
+class EvalHook:
+    """Deterministic evaluation on separate envs every ``eval.every`` steps and at the end;
+    the best one is checkpointed as ``best.pt``."""
+
+    def __init__(self, learner: "Learner", metrics: MetricsHook):
+        ec = learner.cfg.eval
+        self.every = ec.every
+        self.next = learner.next_eval if learner.next_eval else (learner.env_steps + ec.every if ec.every > 0 else None)
+        self.metrics = metrics
+        self.env = None
+        self.last_step = -1  # env steps at the last evaluation
+
+    def evaluate(self, learner: "Learner") -> dict:
+        ec = learner.cfg.eval
+        if self.env is None:
+            self.env = make_env(learner.cfg, learner.env_spec, learner.device, num_envs=ec.num_envs, evaluation=True)
+        learner.algo.actor.eval()
+        try:
+            returns = run_episodes(lambda o: learner.algo.act(o, deterministic=ec.deterministic), self.env,
+                                   ec.episodes, seed=learner.rng.env_seed("eval_env"))
+        finally:
+            learner.algo.actor.train()
+        result = summarize(returns)
+        if ec.video and self.metrics.tb is not None:
+            self.log_video(learner)
+        self.metrics.write(learner, {"eval_return": result["mean_return"], "eval_return_std": result["std_return"]})
+        learner.last_eval = result
+        self.last_step = learner.env_steps
+        if result["mean_return"] > learner.best_eval:
+            learner.best_eval = result["mean_return"]
+            if learner.run_dir:
+                learner.save(learner.run_dir / "checkpoints" / "best.pt")
+        return result
+
+    def log_video(self, learner: "Learner") -> None:
+        """One deterministic episode (the first eval episode's seed) as ``eval/video`` in TensorBoard."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        from corral.envs.video import episode_gif
+
+        cfg = learner.cfg
+        learner.algo.actor.eval()
+        try:
+            gif, (h, w), _ = episode_gif(lambda o: learner.algo.act(o, deterministic=True), learner.env_spec,
+                                         kwargs=cfg.env.kwargs, seed=learner.rng.env_seed("eval_env"),
+                                         atari_wrappers="eval" if cfg.env.atari_wrappers else False,
+                                         device=learner.device)
+        finally:
+            learner.algo.actor.train()
+        # What SummaryWriter.add_video writes (a GIF as an image summary), without its moviepy dependency
+        image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=gif)
+        self.metrics.tb._get_file_writer().add_summary(
+            Summary(value=[Summary.Value(tag="eval/video", image=image)]), learner.env_steps)
+
+    def __call__(self, learner: "Learner", stats: dict) -> None:
+        if self.next is not None and learner.env_steps >= self.next:
+            self.next = learner.env_steps + self.every
+            learner.next_eval = self.next
+            self.evaluate(learner)
+
+    def close(self, learner: "Learner") -> None:
+        if learner.cfg.eval.episodes > 0 and not learner.failed:
+            self.evaluate(learner)
+        if self.env is not None:
+            self.env.close()
+
+
+class CheckpointHook:
+    def __init__(self, learner: "Learner"):
+        ck = learner.cfg.checkpoint
+        self.every = ck.every
+        self.keep = ck.keep
+        self.next = learner.next_ckpt or (learner.env_steps + ck.every if ck.every > 0 else None)
+
+    def __call__(self, learner: "Learner", stats: dict) -> None:
+        if self.next is not None and learner.env_steps >= self.next and learner.algo.at_boundary:
+            self.next = learner.env_steps + self.every
+            learner.next_ckpt = self.next
+            folder = learner.run_dir / "checkpoints"
+            learner.save(folder / f"step-{learner.env_steps:010d}.pt")
+            learner.save(folder / "latest.pt")
+            for old in sorted(folder.glob("step-*.pt"))[: -self.keep or None]:
+                old.unlink()
+
+    def close(self, learner: "Learner") -> None:
+        if not learner.failed:
+            learner.save(learner.run_dir / "checkpoints" / "latest.pt")
+
+
+class ProgressHook:
+    """A rich progress bar on stderr: steps, steps/s, recent return, ETA."""
+
+    def __init__(self, learner: "Learner"):
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed:,}/{task.total:,} steps"),
+            TextColumn("{task.fields[sps]:,.0f} steps/s"),
+            TextColumn("return {task.fields[ret]}"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self.task = self.progress.add_task(f"{learner.cfg.algo} {learner.cfg.env.id}", total=learner.cfg.steps,
+                                           completed=learner.env_steps, sps=0.0, ret="-")
+        self.progress.start()
+        self.t0, self.s0 = time.perf_counter(), learner.env_steps
+        self.last = 0.0
+
+    def __call__(self, learner: "Learner", stats: dict) -> None:
+        now = time.perf_counter()
+        if now - self.last < 0.2:
+            return
+        self.last = now
+        sps = (learner.env_steps - self.s0) / max(now - self.t0, 1e-9)
+        ret = f"{learner.last20_return:.1f}" if learner.recent_returns else "-"
+        self.progress.update(self.task, completed=learner.env_steps, sps=sps, ret=ret)
+
+    def close(self, learner: "Learner") -> None:
+        self.__call__(learner, {})
+        self.last = 0.0
+        self.progress.update(self.task, completed=learner.env_steps)
+        self.progress.stop()

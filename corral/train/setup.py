@@ -1,0 +1,129 @@
+"""Run setup: the run's env, device, presets, config and run directory, from what a user names.
+
+The Learner, collectors, evaluation and ``corral.load`` build their env through ``make_env``
+(one place that applies the run's ``env`` section: backend, Atari wrappers, strict checks,
+``on_error``)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from corral import config as C
+from corral.algos import get_algo
+from corral.envs import make_vec_env
+from corral.envs.make import env_name
+from corral.errors import UserError
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
+
+
+def make_env(cfg: C.TrainConfig, spec: Any = None, device: Any = "cpu", num_envs: int | None = None,
+             evaluation: bool = False):
+    """The run's vector env from its config (evaluation: no episodic life, no reward clipping)."""
+    ec = cfg.env
+    if ec.on_error not in ("raise", "restart"):
+        raise UserError(f"env.on_error must be 'raise' or 'restart', got {ec.on_error!r}")
+    atari = ("eval" if evaluation else True) if ec.atari_wrappers else False
+    return make_vec_env(spec if spec is not None else ec.id, num_envs or ec.num_envs, ec.kwargs, device, ec.backend,
+                        atari_wrappers=atari, strict=ec.strict, on_error=ec.on_error)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name!r} asked for CUDA but no GPU is visible; use --device cpu or auto")
+    return dev
+
+
+def load_preset(algo: str, env_id: str, base: str | None = None) -> dict:
+    """The preset for (algo, env): ``presets/<algo>.yaml`` keyed by env id."""
+    for name in (algo, base):
+        if name is None:
+            continue
+        path = PRESET_DIR / f"{name}.yaml"
+        if path.is_file():
+            presets = C.load_yaml(str(path))
+            key = env_id.split(":", 1)[1] if env_id.startswith("native:") else env_id
+            if key in presets:
+                data = dict(presets[key])
+                if name != algo and base in data:  # a variant reuses its base algorithm's section
+                    data[algo] = data.pop(base)
+                return data
+    return {}
+
+
+def list_presets() -> dict[str, list[str]]:
+    return {p.stem: sorted(C.load_yaml(str(p))) for p in sorted(PRESET_DIR.glob("*.yaml"))}
+
+
+def build_config(
+    algo: str,
+    env: Any,
+    *,
+    steps: int | None = None,
+    seed: int | None = None,
+    num_envs: int | None = None,
+    device: str | None = None,
+    config_file: str | None = None,
+    sets: list[str] | tuple = (),
+    overrides: dict | None = None,
+    stop_at_return: float | None = None,
+    use_preset: bool = True,
+) -> C.TrainConfig:
+    """Defaults < algorithm variant < preset < config file < explicit arguments < --set."""
+    spec = get_algo(algo)
+    cfg = C.TrainConfig(algo=algo, algo_cfg=spec.cls.Config())
+    if spec.overrides:
+        C.update_from_dict(cfg.algo_cfg, spec.overrides, algo + ".")
+    env_id = env if isinstance(env, str) else env_name(env)
+    cfg.env.id = env_id
+    if use_preset:
+        C.apply_dict(cfg, load_preset(algo, env_id, base=spec.cls.name))
+    if config_file:
+        data = C.load_yaml(config_file)
+        if data.get("algo", algo) != algo:
+            raise UserError(f"config file {config_file!r} is for algorithm {data['algo']!r}, not {algo!r}")
+        C.apply_dict(cfg, data)
+        cfg.env.id = env_id
+    for name, value in (("steps", steps), ("seed", seed), ("device", device), ("stop_at_return", stop_at_return)):
+        if value is not None:
+            C.apply_set(cfg, [(name, value)])
+    if num_envs is not None:
+        C.apply_set(cfg, [("env.num_envs", num_envs)])
+    if overrides:
+        C.apply_set(cfg, list(overrides.items()))
+    C.apply_set(cfg, C.parse_set(list(sets)))
+    if cfg.steps <= 0:
+        raise UserError(f"steps must be positive, got {cfg.steps}")
+    return cfg
+
+
+def new_run_dir(cfg: C.TrainConfig, run_dir: str | None, root: str = "runs") -> Path:
+    """Create the run directory; never reuse an existing one."""
+    if run_dir is None:
+        safe_env = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.id)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = Path(root) / f"{cfg.algo}-{safe_env}-s{cfg.seed}-{stamp}"
+        n = 1
+        while path.exists():
+            n += 1
+            path = Path(root) / f"{cfg.algo}-{safe_env}-s{cfg.seed}-{stamp}-{n}"
+    else:
+        path = Path(run_dir)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise UserError(
+                f"run directory {str(path)!r} already exists; continue it with `corral resume {path}` "
+                "or choose another --run-dir"
+            )
+    (path / "checkpoints").mkdir(parents=True, exist_ok=True)
+    return path
