@@ -61,6 +61,7 @@ def eval_policy(act, env_id, episodes=10, seed=1000):
 def run_corral(algo, seed):
     import corral
     from corral.train.learner import Learner
+    from corral.algos.base import Step
     from corral.train.setup import build_config
 
     env_id, steps, _ = PRESETS[algo]
@@ -149,6 +150,7 @@ def per_step(args):
     import stable_baselines3 as sb3
 
     from corral.train.learner import Learner
+    from corral.algos.base import Step
     from corral.train.setup import build_config
 
     grad_steps = {"dqn": 128, "sac": 100}
@@ -164,7 +166,7 @@ def per_step(args):
             for _ in range(args.fill):
                 action, extras = corral_algo.explore(obs)
                 nxt, rew, term, trunc, info = learner.env.step(action)
-                corral_algo.observe(obs, extras, rew, term, trunc, info["final_obs"], nxt)
+                corral_algo.observe(Step(obs, extras, rew, term, trunc, info["final_obs"], nxt))
                 obs = nxt
         corral_algo.cfg.gradient_steps = G
         model = {"dqn": sb3.DQN, "sac": sb3.SAC}[algo]("MlpPolicy", env_id, seed=0, device="cpu", verbose=0,

@@ -57,7 +57,8 @@ class Agent:
 
     def save(self, path: str | Path) -> Path:
         state = dict(self._state) if self._state else {"config": C.to_dict(self.cfg), "counters": {}}
-        state["algo"] = self.algo.state_dict()
+        # an acting copy (``load``) holds only the networks: the rest of the training state stays as loaded
+        state["algo"] = {**state.get("algo", {}), **self.algo.state_dict()}
         state["config"] = C.to_dict(self.cfg)
         return save_checkpoint(state, path)
 
@@ -85,8 +86,9 @@ def load(path: str | Path, device: str = "auto") -> Agent:
     cfg = config_from_dict(state["config"])
     env = make_env(cfg, None, "cpu", num_envs=1, evaluation=True)
     spec = get_algo(cfg.algo)
+    # acting only: no replay, rollout storage or optimizer state is built
     algo = spec.cls(cfg.algo_cfg, env.single_observation_space, env.single_action_space, cfg.env.num_envs,
-                    dev, RNGStreams(cfg.seed, dev))
+                    dev, RNGStreams(cfg.seed, dev), role="actor")
     env.close()
     from corral.errors import UserError
 
@@ -102,7 +104,6 @@ def evaluate(agent: Agent, env: Any = None, episodes: int = 10, seed: int = 0, d
              num_envs: int = 1) -> dict:
     """Mean and std of the raw env return over ``episodes`` episodes."""
     spec = env if env is not None else agent.cfg.env.id
-    kwargs = agent.cfg.env.kwargs if env is None else {}
     if env is None:
         venv = make_env(agent.cfg, None, agent.algo.device, num_envs=num_envs, evaluation=True)
     else:

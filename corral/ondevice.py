@@ -38,12 +38,9 @@ from typing import Any
 
 import torch
 
-from corral.actors.normalizer import RunningNormalizer
-from corral.algos.ppo import PPO, STAT_NAMES, PPOConfig, ppo_batch, ppo_loss, ppo_schedules
+from corral.algos.ppo import PPO, STAT_NAMES, PPOConfig, ppo_schedules
 from corral.errors import TrainingError, UserError
-from corral.optim import FlatAdam
 from corral.rng import RNGStreams
-from corral.storage.rollout import RolloutStorage
 
 # Hyperparameters tuned for the on-device path: many envs, short rollouts, a few large
 # minibatches. Keys are PPOConfig fields plus ``num_envs`` and ``steps``.
@@ -75,25 +72,17 @@ class OnDevicePPO:
         self.device = env.device
         self.rng = RNGStreams(seed, self.device)
         T, N = cfg.n_steps, env.num_envs
-        if actor is None:
-            # The PPO object builds actor, optimizer, storage and normalizers as the Learner's would.
-            self.algo = PPO(cfg, env.single_observation_space, env.single_action_space, N, self.device, self.rng)
-            self.actor, self.optimizer, self.storage = self.algo.actor, self.algo.optimizer, self.algo.storage
-            self.ret_norm, self._disc_return = self.algo.ret_norm, self.algo._disc_return
-        else:
-            # A problem-specific actor (e.g. the MaxCut node policy) with ActorCritic's interface:
-            # forward(x) -> (dist params, value), head, normalize, to_env, evaluate_actions, value,
-            # stored_obs(), stored_action().
-            self.algo = None
-            self.actor = actor.to(self.device)
-            self.optimizer = FlatAdam(self.actor.parameters(), lr=cfg.lr, eps=cfg.adam_eps,
-                                      max_grad_norm=cfg.max_grad_norm)
-            obs_shape, obs_dtype = actor.stored_obs()
-            act_shape, act_dtype = actor.stored_action()
-            self.storage = RolloutStorage(T, N, obs_shape, act_shape, act_dtype, self.device, obs_dtype)
-            self.ret_norm = RunningNormalizer((), enabled=cfg.normalize_reward).to(self.device)
-            self._disc_return = torch.zeros(N, device=self.device)
-        self._params = [p for p in self.actor.parameters() if p.requires_grad]
+        # The PPO object builds actor, optimizer, storage and normalizers as the Learner's would;
+        # a problem-specific actor (e.g. the MaxCut node policy, with ActorCritic's interface:
+        # forward(x) -> (dist params, value), head, normalize, to_env, evaluate_actions, value,
+        # stored_obs(), stored_action()) comes in through PPO's ``make_actor`` factory.
+        cls = PPO if actor is None else _with_actor(actor)
+        if actor is not None:  # a problem's preset may ask for more than one rollout: one minibatch then
+            cfg = replace(cfg, batch_size=min(cfg.batch_size, T * N))
+            self.cfg = cfg
+        self.algo = cls(cfg, env.single_observation_space, env.single_action_space, N, self.device, self.rng)
+        self.actor, self.optimizer, self.storage = self.algo.actor, self.algo.optimizer, self.algo.storage
+        self.ret_norm, self._disc_return = self.algo.ret_norm, self.algo._disc_return
         self.final_x = torch.zeros_like(self.storage.data.obs)  # normalized final obs, for V on truncation
         self.obs = env.reset(seed=self.rng.env_seed())
         self.env_steps = 0
@@ -161,42 +150,22 @@ class OnDevicePPO:
 
     # ------------------------------------------------------------------ learning
     def update(self, progress: float) -> None:
-        cfg, actor = self.cfg, self.actor
-        lr, clip = ppo_schedules(cfg, self.optimizer, progress)
+        """PPO's own minibatch loop (``PPO.train_minibatches``) on the rollout, with ``V(final_obs)``
+        computed in one batched forward and the statistics kept on the device until ``log``."""
+        algo, actor = self.algo, self.actor
+        _, clip = ppo_schedules(self.cfg, self.optimizer, progress)
         data = self.storage.data
         T, N = data.rewards.shape
         with torch.no_grad():
-            last_value = actor.value(actor.normalize(self.obs))
             final_v = actor.value(self.final_x.flatten(0, 1)).view(T, N)
             data.final_values.copy_(torch.where(data.truncated, final_v, 0.0))
-        b, adv_all, ret_all, full_batch = ppo_batch(cfg, data, last_value)
-        n = adv_all.shape[0]
-        mb = min(cfg.batch_size, n)
-        per_adv = cfg.normalize_advantage and not full_batch
-        opt = self.optimizer
-        # corral's FlatAdam clips inside step(); a torch.optim optimizer needs clipping here.
-        clip_here = getattr(opt, "max_grad_norm", None) is None
-        for _ in range(cfg.n_epochs):
-            if full_batch:
-                batches = [None]
-            else:
-                perm = torch.randperm(n, generator=self.rng["minibatch"], device=self.device)
-                batches = perm[: n - n % mb].view(-1, mb)
-            for idx in batches:
-                take = (lambda t: t) if idx is None else (lambda t: t[idx])  # noqa: E731
-                loss, stats = ppo_loss(actor, take(b.obs), take(b.actions), take(b.log_probs), take(b.values),
-                                       take(adv_all), take(ret_all), clip, cfg, per_adv)
-                opt.zero_grad()
-                loss.backward()
-                if clip_here:
-                    torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
-                opt.step()
-                self._stat_sum += stats
-                self._stat_count += 1
+        algo._last_obs = self.obs
+        sums, evaluated, _, _ = algo.train_minibatches(algo.prepare_batch(), clip)  # no host read (no target_kl)
+        self._stat_sum += sums
+        self._stat_count += evaluated
         self.storage.clear()
         self.updates += 1
-        if self.algo is not None:
-            self.algo.updates = self.updates
+        algo.updates = self.updates
 
     # ------------------------------------------------------------------ the loop
     def log(self) -> dict:
@@ -259,6 +228,16 @@ class OnDevicePPO:
                 "ret_norm": self.ret_norm.state_dict(), "disc_return": self._disc_return.clone(),
                 "env": self.env.state_dict(), "rng": self.rng.state_dict(), "obs": self.obs.clone(),
                 "env_steps": self.env_steps, "updates": self.updates}
+
+
+def _with_actor(actor: torch.nn.Module) -> type[PPO]:
+    """PPO whose actor factory returns ``actor``."""
+
+    class GivenActorPPO(PPO):
+        def make_actor(self):
+            return actor
+
+    return GivenActorPPO
 
 
 @torch.no_grad()

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from corral.algos.base import Step
 
 from corral.algos.offpolicy import OffPolicy
 from corral.rng import RNGStreams
@@ -42,7 +43,7 @@ def filled(algo, env, overrides, batch=64):
         while not a.ready():
             act, ex = a.explore(obs)
             nxt, r, te, tr, info = env_.step(act)
-            a.observe(obs, ex, r, te, tr, info["final_obs"], nxt)
+            a.observe(Step(obs, ex, r, te, tr, info["final_obs"], nxt))
             obs = nxt
     return L
 

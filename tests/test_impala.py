@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from corral.algos.base import Step
 
 import corral
 from corral.algos.impala import IMPALA
@@ -29,7 +30,7 @@ def filled(**overrides):
         while not algo.ready():
             a, ex = algo.explore(obs)
             nxt, r, te, tr, info = env.step(a)
-            algo.observe(obs, ex, r, te, tr, info["final_obs"], nxt)
+            algo.observe(Step(obs, ex, r, te, tr, info["final_obs"], nxt))
             obs = nxt
     return L
 

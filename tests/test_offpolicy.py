@@ -9,6 +9,7 @@ import sys
 import gymnasium as gym
 import pytest
 import torch
+from corral.algos.base import Step
 
 import corral
 from corral.algos import get_algo
@@ -62,8 +63,9 @@ def fill(algo, n, obs_dim, act_fn):
         obs = torch.randn(algo.num_envs, obs_dim, generator=g)
         action, extras = algo.explore(obs)
         nxt = torch.randn(algo.num_envs, obs_dim, generator=g)
-        algo.observe(obs, extras, torch.randn(algo.num_envs, generator=g), torch.zeros(algo.num_envs, dtype=torch.bool),
-                     torch.zeros(algo.num_envs, dtype=torch.bool), nxt, nxt)
+        algo.observe(Step(obs, extras, torch.randn(algo.num_envs, generator=g),
+                          torch.zeros(algo.num_envs, dtype=torch.bool), torch.zeros(algo.num_envs, dtype=torch.bool),
+                          nxt, nxt))
 
 
 def test_double_dqn_target_uses_the_online_argmax_and_the_target_value():

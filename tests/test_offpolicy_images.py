@@ -4,6 +4,7 @@ and SAC learning a task it can only solve by reading the pixels."""
 
 import pytest
 import torch
+from corral.algos.base import Step
 
 import corral
 from corral.train.learner import Learner
@@ -43,7 +44,7 @@ def test_each_cnn_is_trained_by_its_own_loss(algo, env):
         for _ in range(80):
             act, ex = a.explore(obs)
             nxt, r, te, tr, info = env.step(act)
-            a.observe(obs, ex, r, te, tr, info["final_obs"], nxt)
+            a.observe(Step(obs, ex, r, te, tr, info["final_obs"], nxt))
             obs = nxt
     batch = a.replay.sample(16)
     phases = a.phases(batch, a.draw_noise(16))

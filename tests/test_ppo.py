@@ -4,6 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from corral.algos.base import Step
 from torch.distributions import Categorical, Normal
 
 from corral.actors.actor_critic import ActionScaler, ActorCritic
@@ -75,9 +76,9 @@ def test_clipped_surrogate_matches_the_paper_formula():
     with torch.no_grad():  # as in the Learner's collection loop
         for t in range(8):
             env_a, ex = algo.explore(obs[t])
-            ex["log_prob"] = ex["log_prob"] + torch.randn(2, generator=g) * 0.3  # pretend a different behaviour policy
-            algo.observe(obs[t], ex, torch.ones(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool),
-                         obs[t], obs[min(t + 1, 7)])
+            ex = ex._replace(log_prob=ex.log_prob + torch.randn(2, generator=g) * 0.3)  # another behaviour policy
+            algo.observe(Step(obs[t], ex, torch.ones(2), torch.zeros(2, dtype=torch.bool),
+                              torch.zeros(2, dtype=torch.bool), obs[t], obs[min(t + 1, 7)]))
     d = algo.storage.data
     with torch.no_grad():
         params, values = algo.actor(d.obs.flatten(0, 1))
@@ -104,8 +105,8 @@ def test_linear_schedules_anneal_learning_rate_and_clip_range():
     with torch.no_grad():
         for t in range(8):
             _, ex = algo.explore(torch.zeros(2, 4))
-            algo.observe(None, ex, torch.ones(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool),
-                         torch.zeros(2, 4), torch.zeros(2, 4))
+            algo.observe(Step(None, ex, torch.ones(2), torch.zeros(2, dtype=torch.bool),
+                              torch.zeros(2, dtype=torch.bool), torch.zeros(2, 4), torch.zeros(2, 4)))
     stats = algo.update(progress=0.75)
     assert stats["lr"] == pytest.approx(2.5e-4) and stats["clip_range"] == pytest.approx(0.05)
 

@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from corral.algos.base import Step
 
 import corral
 from corral.actors.normalizer import RunningNormalizer
@@ -160,7 +161,7 @@ def filled_ppo(**overrides):
         while not algo.ready():
             a, ex = algo.explore(obs)
             nxt, r, te, tr, info = env.step(a)
-            algo.observe(obs, ex, r, te, tr, info["final_obs"], nxt)
+            algo.observe(Step(obs, ex, r, te, tr, info["final_obs"], nxt))
             obs = nxt
     return L
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from corral.algos.base import Action
 from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.td3 import TD3, TD3Config
 from corral.config import option
@@ -82,6 +83,9 @@ class ApexMixin:
         self.actor.enc.norm.update(obs)
         return super().explore(obs)
 
+    def fragment_length(self) -> int:
+        return self.cfg.rollout_fragment
+
     def advance(self, env_steps: int) -> None:
         """The counters ``observe`` keeps, for a learner that only hears that collectors
         wrote ``env_steps`` transitions to the replay server."""
@@ -96,7 +100,7 @@ class ApexMixin:
 
     def initial_priorities(self, data) -> torch.Tensor:
         ret, next_obs, discount = nstep_window(data, self.cfg.gamma, self.cfg.n_step)
-        td = self.td_errors(data.obs[:-1].flatten(0, 1), data.extras["action"].flatten(0, 1),
+        td = self.td_errors(data.obs[:-1].flatten(0, 1), data.extras.action.flatten(0, 1),
                             ret.flatten(), next_obs.flatten(0, 1), discount.flatten())
         return td.abs().view_as(ret)
 
@@ -156,6 +160,7 @@ class ApexTD3Config(TD3Config):
 class ApexTD3(ApexMixin, TD3):
     name = "apex_td3"
     Config = ApexTD3Config
+    acting = ("actor", "critics")  # collectors score their transitions with the critics too
 
     def explore(self, obs):
         self.actor.enc.norm.update(obs)
@@ -168,16 +173,7 @@ class ApexTD3(ApexMixin, TD3):
             sigma = self.env_ladder(self.cfg.noise_max, self.cfg.noise_min).unsqueeze(-1)
             unit = (unit + sigma * noise).clamp(-1.0, 1.0)
         env_action = box.to_env(unit)
-        return env_action, {"action": env_action}
-
-    def collector_state(self):
-        # collectors score transitions with the critics too
-        return {**{f"actor.{k}": v for k, v in self.actor.state_dict().items()},
-                **{f"critics.{k}": v for k, v in self.critics.state_dict().items()}}
-
-    def load_collector_state(self, state):
-        self.actor.load_state_dict({k[6:]: v for k, v in state.items() if k.startswith("actor.")})
-        self.critics.load_state_dict({k[8:]: v for k, v in state.items() if k.startswith("critics.")})
+        return env_action, Action(env_action)
 
     def td_errors(self, obs, action, ret, next_obs, discount):
         enc = self.actor.enc

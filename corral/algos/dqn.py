@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from corral.actors.offpolicy import QNetwork
+from corral.algos.base import Action
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.errors import UserError
@@ -39,20 +40,28 @@ class DQNConfig(OffPolicyConfig):
 class DQN(OffPolicy):
     name = "dqn"
     Config = DQNConfig
+    networks = ("actor", "target")
+    optimizers = ("optimizer",)
 
-    def __init__(self, cfg: DQNConfig, obs_space, act_space, num_envs, device, rng):
+    def __init__(self, cfg: DQNConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         import gymnasium as gym
 
         if not isinstance(act_space, gym.spaces.Discrete):
             raise UserError(f"dqn needs a Discrete action space, got {act_space}; use sac, td3 or ddpg for Box actions")
         if cfg.loss not in ("huber", "mse"):
             raise UserError(f"dqn.loss must be 'huber' or 'mse', got {cfg.loss!r}")
-        super().__init__(cfg, obs_space, act_space, num_envs, device, rng)
-        self.actor = self._build(lambda: QNetwork(obs_space, act_space, tuple(cfg.hidden), cfg.activation,
-                                                  cfg.dueling, cfg.normalize_obs).to(device))
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
+        self.actor = self._build(lambda: self.make_q_network().to(device))
         self.target = copy.deepcopy(self.actor).requires_grad_(False)
         self.optimizer = self._optimizer(self.actor.parameters(), cfg.lr)
         self.n_actions = int(act_space.n)
+
+    def make_q_network(self) -> torch.nn.Module:
+        """The online Q-network (the target is its copy). A distributional subclass returns
+        its own network; acting and Ape-X read only ``q(obs) -> [B, actions]``."""
+        cfg = self.cfg
+        return QNetwork(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation, cfg.dueling,
+                        cfg.normalize_obs)
 
     def normalizer(self):
         return self.actor.enc.norm
@@ -73,7 +82,7 @@ class DQN(OffPolicy):
         else:
             greedy = self.actor.q(obs).argmax(-1)
             action = torch.where(explore_mask, random_action, greedy)
-        return action, {"action": action}
+        return action, Action(action)
 
     def target_update(self) -> None:
         self.polyak(self.target, self.actor, self.cfg.tau)
@@ -113,12 +122,3 @@ class DQN(OffPolicy):
         out = super().update(progress)
         out["epsilon"] = self.epsilon
         return out
-
-    def _state(self):
-        return {"actor": self.actor.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict()}
-
-    def _load(self, state):
-        self.actor.load_state_dict(state["actor"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])

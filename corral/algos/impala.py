@@ -4,8 +4,10 @@ APPO is the preset with PPO's clipped surrogate on the V-trace advantages.
 
 A small diff over PPO: the same actor-critic, rollout storage, ``explore`` and ``observe``
 (stored log-probs are the behaviour policy mu); the update replaces GAE with V-trace
-targets computed from the current network on each minibatch. Minibatches split the envs
-(columns), so every sequence stays whole for the V-trace recursion. Run in-process
+targets computed from the current network on each minibatch, bootstrap value included
+(never a value from before the update's earlier minibatches). Minibatches split the envs
+(columns), so every sequence stays whole for the V-trace recursion; the loop around them is
+PPO's (``minibatch_plan`` / ``minibatch_step`` / ``finish``). Run in-process
 (``scheme.collectors=1``) every fragment is on-policy and V-trace reduces to n-step
 returns; with ``scheme.collectors=K`` and ``scheme.collect=async`` collectors never wait
 for the learner.
@@ -13,15 +15,13 @@ for the learner.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from corral.algos.ppo import PPO, PPOConfig, ppo_schedules
+from corral.algos.ppo import PPO, PPOConfig, normalized
 from corral.config import option
-from corral.errors import TrainingError
 from corral.returns import rollout_next_values, vtrace
 
 
@@ -42,65 +42,65 @@ class IMPALAConfig(PPOConfig):
 class IMPALA(PPO):
     name = "impala"
     Config = IMPALAConfig
+    STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "rho_mean", "rho_clipfrac")
+    KL = 3
 
-    def update(self, progress: float) -> dict[str, float]:
+    def prepare_batch(self):
+        """The rollout as ``[T, N]`` columns plus the observation after its last step."""
+        return (self.storage.data, self._last_obs, [])
+
+    def minibatch_plan(self, batch):
+        """Per epoch, the env columns in groups of ``batch_size // T`` (the last group may be
+        smaller); ``slice(None)`` is all of them."""
         cfg = self.cfg
-        lr, clip = ppo_schedules(cfg, self.optimizer, progress)
-        data = self.storage.data
-        T, N = data.rewards.shape
-        with torch.no_grad():
-            last_value = self.actor.value(self.actor.normalize(self._last_obs))
-        cols_per_mb = N if cfg.batch_size <= 0 else max(1, min(N, cfg.batch_size // T))
-
-        sums = torch.zeros(6, device=self.device)  # pg, v, entropy, approx_kl, rho, rho clipped fraction
-        count = 0
+        T, N = batch[0].rewards.shape
+        cols = N if cfg.batch_size <= 0 else max(1, min(N, cfg.batch_size // T))
         for _ in range(cfg.n_epochs):
-            if cols_per_mb >= N:
-                groups = [slice(None)]
+            if cols >= N:
+                yield slice(None)
             else:
-                perm = torch.randperm(N, generator=self.rng["minibatch"], device=self.device)
-                groups = [perm[i:i + cols_per_mb] for i in range(0, N - cols_per_mb + 1, cols_per_mb)]
-            for c in groups:
-                obs, actions = data.obs[:, c], data.actions[:, c]
-                mu_log_prob = data.log_probs[:, c]
-                n = mu_log_prob.shape[1]
-                log_prob, entropy, value = self.actor.evaluate_actions(obs.flatten(0, 1), actions.flatten(0, 1))
-                log_prob, entropy, value = log_prob.view(T, n), entropy.view(T, n), value.view(T, n)
-                log_rho = log_prob.detach() - mu_log_prob
-                with torch.no_grad():
-                    next_values = rollout_next_values(value.detach(), last_value[c], data.truncated[:, c],
-                                                      data.final_values[:, c])
-                    vs, pg_adv = vtrace(log_rho, data.rewards[:, c], value.detach(), next_values,
-                                        data.terminated[:, c], data.truncated[:, c], cfg.gamma, cfg.rho_bar, cfg.c_bar)
-                    if cfg.normalize_advantage:
-                        pg_adv = (pg_adv - pg_adv.mean()) / (pg_adv.std() + 1e-8)
-                if cfg.surrogate:
-                    ratio = (log_prob - mu_log_prob).exp()
-                    pg_loss = torch.max(-pg_adv * ratio, -pg_adv * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
-                else:
-                    pg_loss = -(pg_adv * log_prob).mean()
-                v_loss = F.mse_loss(value, vs)
-                entropy_loss = entropy.mean()
-                loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+                yield from torch.randperm(N, generator=self.rng["minibatch"], device=self.device).split(cols)
 
-                self.optimizer.zero_grad()
-                loss.backward()
-                self.optimizer.step()  # clips the global gradient norm, then Adam
+    def minibatch_step(self, batch, c, clip: float):
+        cfg = self.cfg
+        data, last_obs, targets = batch
+        T = data.rewards.shape[0]
+        obs, actions, mu_log_prob = data.obs[:, c], data.actions[:, c], data.log_probs[:, c]
+        n = mu_log_prob.shape[1]
+        log_prob, entropy, value = self.actor.evaluate_actions(obs.flatten(0, 1), actions.flatten(0, 1))
+        log_prob, entropy, value = log_prob.view(T, n), entropy.view(T, n), value.view(T, n)
+        log_rho = log_prob.detach() - mu_log_prob
+        with torch.no_grad():
+            next_values = rollout_next_values(value.detach(), self.bootstrap_value(last_obs[c]), data.truncated[:, c],
+                                              data.final_values[:, c])
+            vs, pg_adv = vtrace(log_rho, data.rewards[:, c], value.detach(), next_values,
+                                data.terminated[:, c], data.truncated[:, c], cfg.gamma, cfg.rho_bar, cfg.c_bar)
+            if cfg.normalize_advantage:
+                pg_adv = normalized(pg_adv)
+        if cfg.surrogate:
+            ratio = (log_prob - mu_log_prob).exp()
+            pg_loss = torch.max(-pg_adv * ratio, -pg_adv * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
+        else:
+            pg_loss = -(pg_adv * log_prob).mean()
+        v_loss = F.mse_loss(value, vs)
+        entropy_loss = entropy.mean()
+        loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+        with torch.no_grad():
+            rho = log_rho.exp()
+            approx_kl = ((rho - 1.0) - log_rho).mean()
+            stats = torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), approx_kl,
+                                 rho.mean(), (rho > cfg.rho_bar).float().mean()])
+        targets.append((vs.flatten(), value.detach().flatten()))
 
-                with torch.no_grad():
-                    rho = log_rho.exp()
-                    approx_kl = ((rho - 1.0) - log_rho).mean()
-                    sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), approx_kl,
-                                         rho.mean(), (rho > cfg.rho_bar).float().mean()])
-                count += 1
+        def apply():
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()  # clips the global gradient norm, then Adam
 
-        self.storage.clear()
-        self.updates += 1
-        pg, v, ent, kl, rho, rho_clip = (sums / max(count, 1)).tolist()
-        if not all(math.isfinite(x) for x in (pg, v, ent)):
-            raise TrainingError(
-                f"IMPALA loss became non-finite at update {self.updates} (pg_loss={pg}, v_loss={v}); "
-                "lower impala.lr, enable impala.normalize_obs, or check the env's rewards"
-            )
-        return {"pg_loss": pg, "v_loss": v, "entropy": ent, "approx_kl": kl, "rho_mean": rho,
-                "rho_clipfrac": rho_clip, "lr": lr, "minibatches": float(count)}
+        return stats, apply
+
+    def explained_variance(self, batch) -> float:
+        """Of the V-trace targets by the values they were computed against, over the minibatches."""
+        vs, values = (torch.cat(parts) for parts in zip(*batch[2]))
+        var = vs.var()
+        return (1.0 - (vs - values).var() / var).item() if var > 0 else float("nan")

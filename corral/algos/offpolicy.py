@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from corral.algos.base import Algorithm
+from corral.algos.base import Algorithm, Step
 from corral.config import option
 from corral.errors import TrainingError, UserError
 from corral.optim import FlatAdam
@@ -63,20 +63,24 @@ class OffPolicyConfig:
 
 
 class OffPolicy(Algorithm):
-    def __init__(self, cfg: OffPolicyConfig, obs_space, act_space, num_envs, device, rng):
-        super().__init__(cfg, obs_space, act_space, num_envs, device, rng)
+    def __init__(self, cfg: OffPolicyConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
         self.env_steps = 0
         self.vector_steps = 0
         self.grad_steps = 0
         self._since_update = 0
-        kw = dict(device=device, seed=rng.seeds["replay"], n_step=cfg.n_step, gamma=cfg.gamma)
+        self.replay = self._make_replay() if self.stores else None
+
+    def _make_replay(self):
+        cfg, rng = self.cfg, self.rng
+        num_envs, obs_space, act_space = self.num_envs, self.obs_space, self.act_space
+        kw = dict(device=self.device, seed=rng.seeds["replay"], n_step=cfg.n_step, gamma=cfg.gamma)
         try:
             if cfg.prioritized:
-                self.replay = PrioritizedReplayBuffer(cfg.buffer_size, num_envs, obs_space, act_space,
-                                                      alpha=cfg.per_alpha, beta=cfg.per_beta,
-                                                      beta_final=cfg.per_beta_final, eps=cfg.per_eps, **kw)
-            else:
-                self.replay = ReplayBuffer(cfg.buffer_size, num_envs, obs_space, act_space, **kw)
+                return PrioritizedReplayBuffer(cfg.buffer_size, num_envs, obs_space, act_space,
+                                               alpha=cfg.per_alpha, beta=cfg.per_beta,
+                                               beta_final=cfg.per_beta_final, eps=cfg.per_eps, **kw)
+            return ReplayBuffer(cfg.buffer_size, num_envs, obs_space, act_space, **kw)
         except ReplayCapacityError as e:
             raise UserError(str(e)) from None
         except ValueError as e:
@@ -102,8 +106,9 @@ class OffPolicy(Algorithm):
             for tb, ob in zip(target.buffers(), online.buffers()):
                 tb.copy_(ob)
 
-    def _optimizer(self, params, lr: float) -> FlatAdam:
-        return FlatAdam(params, lr=lr, max_grad_norm=self.cfg.max_grad_norm)
+    def _optimizer(self, params, lr: float) -> FlatAdam | None:
+        """An optimizer for a learner or gradient worker; an acting copy has none."""
+        return FlatAdam(params, lr=lr, max_grad_norm=self.cfg.max_grad_norm) if self.learns else None
 
     @staticmethod
     def _step_optimizer(optimizer: FlatAdam, loss: torch.Tensor) -> None:
@@ -133,21 +138,6 @@ class OffPolicy(Algorithm):
     def after_step(self, stats: dict[str, torch.Tensor]) -> None:
         """What a gradient step does besides optimizer steps (targets); before ``grad_steps`` counts it."""
 
-    def optimizers(self) -> list[FlatAdam]:
-        """Every optimizer the phases may yield, in a fixed order (gradient workers name them by index)."""
-        return [v for _, v in sorted(vars(self).items()) if isinstance(v, FlatAdam)]
-
-    def synced_tensors(self) -> list[torch.Tensor]:
-        """Every tensor a gradient step reads: parameters and buffers of all networks
-        (targets and normalizers included) and free parameters such as SAC's temperature."""
-        out: list[torch.Tensor] = []
-        for _, v in sorted(vars(self).items()):
-            if isinstance(v, torch.nn.Module):
-                out += list(v.parameters()) + list(v.buffers())
-            elif isinstance(v, torch.Tensor) and v.is_leaf and v.requires_grad:
-                out.append(v)
-        return out
-
     def train_step(self, batch: ReplayBatch, shared: torch.Tensor | None = None):
         """One gradient step; returns (metrics as 0-dim tensors, new |TD errors| for PER or None)."""
         noise = self.draw_noise(batch.obs.shape[0])
@@ -156,12 +146,15 @@ class OffPolicy(Algorithm):
         return stats, td
 
     # --- the Algorithm interface
-    def observe(self, obs, extras, reward, terminated, truncated, final_obs, next_obs):
+    def set_env_steps(self, env_steps: int) -> None:
+        self.env_steps = int(env_steps)
+
+    def observe(self, step: Step):
         norm = self.normalizer()
         if norm is not None:
-            norm.update(obs)
+            norm.update(step.obs)
         # final_obs equals next_obs except where an episode ended: it is the true next state.
-        self.replay.add(obs, extras["action"], reward, terminated, truncated, final_obs)
+        self.replay.add(step.obs, step.extras.action, step.reward, step.terminated, step.truncated, step.final_obs)
         before = self.env_steps
         self.env_steps += self.num_envs
         self.vector_steps += 1
@@ -243,27 +236,16 @@ class OffPolicy(Algorithm):
         return out
 
     # --- state
-    def _state(self) -> dict[str, Any]:
-        """Subclass state: networks, targets, optimizers."""
-        raise NotImplementedError
-
-    def _load(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {
-            **self._state(),
-            "counters": {"env_steps": self.env_steps, "vector_steps": self.vector_steps,
-                         "grad_steps": self.grad_steps, "since_update": self._since_update},
-        }
-        if self.cfg.save_replay:
+    def extra_state(self) -> dict[str, Any]:
+        state = {"counters": {"env_steps": self.env_steps, "vector_steps": self.vector_steps,
+                              "grad_steps": self.grad_steps, "since_update": self._since_update}}
+        if self.replay is not None and self.cfg.save_replay:
             state["replay"] = self.replay.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._load(state)
+    def load_extra_state(self, state: dict[str, Any]) -> None:
         c = state["counters"]
         self.env_steps, self.vector_steps = int(c["env_steps"]), int(c["vector_steps"])
         self.grad_steps, self._since_update = int(c["grad_steps"]), int(c["since_update"])
-        if "replay" in state:
+        if self.replay is not None and "replay" in state:
             self.replay.load_state_dict(state["replay"])

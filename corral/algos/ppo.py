@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from corral.actors.actor_critic import ActorCritic
 from corral.actors.normalizer import RunningNormalizer
 from corral.nets import CategoricalHead
-from corral.algos.base import Algorithm
+from corral.algos.base import Algorithm, Step
 from corral.optim import FlatAdam
 from corral.config import option
 from corral.errors import TrainingError, UserError
@@ -60,7 +61,7 @@ def ppo_loss(actor, obs, actions, old_log_probs, old_values, adv, ret, clip: flo
     and gradient workers call it). Returns ``(loss, stats)``, stats a tensor in ``STAT_NAMES``
     order, so callers decide when to read it (a host sync)."""
     if normalize_adv:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        adv = normalized(adv)
     if isinstance(actor.head, CategoricalHead) and cfg.clip_range_vf is None:
         logits, value = actor.outputs(obs)
         return _CategoricalPPOLoss.apply(logits, value, actions, old_log_probs, adv, ret, clip,
@@ -104,8 +105,13 @@ def ppo_batch(cfg: PPOConfig, data, last_value: torch.Tensor):
     adv, ret = advantages.flatten(), returns.flatten()
     full_batch = cfg.batch_size >= adv.shape[0]
     if full_batch and cfg.normalize_advantage:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        adv = normalized(adv)
     return data.flatten(), adv, ret, full_batch
+
+
+def normalized(adv: torch.Tensor) -> torch.Tensor:
+    """Advantages scaled to mean 0 and std 1; a minibatch of one becomes 0 (its std is undefined)."""
+    return (adv - adv.mean()) / (adv.std(correction=1 if adv.numel() > 1 else 0) + 1e-8)
 
 
 class _CategoricalPPOLoss(torch.autograd.Function):
@@ -160,48 +166,106 @@ class _CategoricalPPOLoss(torch.autograd.Function):
         return d_logits, d_value, None, None, None, None, None, None, None
 
 
+class PPOExtras(NamedTuple):
+    """What PPO's ``explore`` hands to ``observe`` for each step."""
+
+    action: torch.Tensor  # policy-space action as sampled
+    log_prob: torch.Tensor  # under the behaviour policy
+    value: torch.Tensor
+    x: torch.Tensor  # the normalized observation the policy saw (what the rollout stores)
+
+
+@dataclass
+class PPOBatch:
+    """One update's rollout, flat ``[T*N]``, with GAE advantages and returns."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    log_probs: torch.Tensor
+    values: torch.Tensor
+    adv: torch.Tensor
+    ret: torch.Tensor
+    whole: bool  # one minibatch holds all of it (advantages normalized once, no shuffling)
+
+    @property
+    def size(self) -> int:
+        return int(self.adv.shape[0])
+
+
 class PPO(Algorithm):
+    """PPO, and the update loop its family shares (IMPALA/APPO, sharded PPO, on-device PPO).
+
+    ``update`` is: schedules, ``prepare_batch`` (GAE here, V-trace columns in IMPALA),
+    ``train_minibatches`` over ``minibatch_plan`` (each minibatch a ``minibatch_step``:
+    statistics first, then the optimizer step, so a target-KL stop happens before the
+    step that overshoots), and one epilogue (``finish``: finite check, explained variance,
+    metrics). A family member overrides the pieces it changes, never the loop."""
+
     name = "ppo"
     Config = PPOConfig
+    networks = ("actor", "ret_norm")
+    optimizers = ("optimizer",)
+    STATS = STAT_NAMES
+    KL = STAT_NAMES.index("approx_kl")
 
-    def __init__(self, cfg: PPOConfig, obs_space, act_space, num_envs, device, rng):
-        super().__init__(cfg, obs_space, act_space, num_envs, device, rng)
+    def __init__(self, cfg: PPOConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
         if cfg.lr_schedule not in ("constant", "linear") or cfg.clip_schedule not in ("constant", "linear"):
             raise UserError("ppo.lr_schedule and ppo.clip_schedule must be 'constant' or 'linear'")
         rollout = cfg.n_steps * num_envs
         if cfg.batch_size > rollout:
             raise UserError(
-                f"ppo.batch_size={cfg.batch_size} is larger than the rollout n_steps*num_envs={rollout}; "
+                f"{self.name}.batch_size={cfg.batch_size} is larger than the rollout n_steps*num_envs={rollout}; "
                 "lower batch_size or raise n_steps"
             )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(rng.seeds["init"])
-            self.actor = ActorCritic(obs_space, act_space, tuple(cfg.hidden), cfg.activation,
-                                     cfg.normalize_obs, cfg.log_std_init).to(device)
+            self.actor = self.make_actor().to(device)
         self.ret_norm = RunningNormalizer((), enabled=cfg.normalize_reward).to(device)
         self._disc_return = torch.zeros(num_envs, device=device)
-        self.optimizer = FlatAdam(self.actor.parameters(), lr=cfg.lr, eps=cfg.adam_eps, max_grad_norm=cfg.max_grad_norm)
-        obs_shape, obs_dtype = self.actor.stored_obs()
-        act_shape, act_dtype = self.actor.stored_action()
-        self.storage = RolloutStorage(cfg.n_steps, num_envs, obs_shape, act_shape, act_dtype, device, obs_dtype)
+        self.optimizer = (FlatAdam(self.actor.parameters(), lr=cfg.lr, eps=cfg.adam_eps,
+                                   max_grad_norm=cfg.max_grad_norm) if self.learns else None)
+        self.storage = None
+        if self.stores:
+            obs_shape, obs_dtype = self.actor.stored_obs()
+            act_shape, act_dtype = self.actor.stored_action()
+            self.storage = RolloutStorage(cfg.n_steps, num_envs, obs_shape, act_shape, act_dtype, device, obs_dtype)
         self._last_obs: torch.Tensor | None = None
         self.updates = 0
+
+    def make_actor(self) -> torch.nn.Module:
+        """The actor-critic (built under the run's init seed). A subclass or a problem (the
+        MaxCut node policy) returns its own module with ``ActorCritic``'s interface."""
+        cfg = self.cfg
+        return ActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs,
+                           cfg.log_std_init)
+
+    # --- hooks
+    def fragment_length(self) -> int:
+        return self.cfg.n_steps
+
+    def scheme_config(self, collectors: int) -> dict:
+        # K collectors' fragments make one update's batch, K times the in-process one
+        return {"n_steps": self.cfg.n_steps * collectors} if collectors > 1 else {}
+
+    def column_state(self) -> dict:
+        return {"_disc_return": self._disc_return.clone()} if self.cfg.normalize_reward else {}
 
     # --- acting and storing
     def explore(self, obs):
         env_action, action, log_prob, value, x = self.actor.explore(obs, self.rng["action"])
-        return env_action, {"action": action, "log_prob": log_prob, "value": value, "x": x}
+        return env_action, PPOExtras(action, log_prob, value, x)
 
-    def observe(self, obs, extras, reward, terminated, truncated, final_obs, next_obs):
+    def observe(self, step: Step):
+        ex, reward, terminated, truncated = step.extras, step.reward, step.terminated, step.truncated
         final_values = torch.zeros_like(reward)
         if truncated.any():
-            final_values = torch.where(truncated, self.actor.value(self.actor.normalize(final_obs)), final_values)
+            final_values = torch.where(truncated, self.actor.value(self.actor.normalize(step.final_obs)), final_values)
         if self.cfg.normalize_reward:
-            reward = self._scale_reward(reward, terminated | truncated)
-        self.storage.add(obs=extras["x"], actions=extras["action"], log_probs=extras["log_prob"],
-                         values=extras["value"], rewards=reward, terminated=terminated,
-                         truncated=truncated, final_values=final_values)
-        self._last_obs = next_obs
+            reward = self._scale_reward(reward, step.episode_ended())
+        self.storage.add(obs=ex.x, actions=ex.action, log_probs=ex.log_prob, values=ex.value, rewards=reward,
+                         terminated=terminated, truncated=truncated, final_values=final_values)
+        self._last_obs = step.next_obs
 
     def _scale_reward(self, reward, done):
         self._disc_return.mul_(self.cfg.gamma).add_(reward)
@@ -216,74 +280,97 @@ class PPO(Algorithm):
 
     @property
     def at_boundary(self) -> bool:
-        return self.storage.step == 0
+        return self.storage is None or self.storage.step == 0
 
-    # --- learning
+    # --- the family's update loop
     def update(self, progress: float) -> dict[str, float]:
-        cfg = self.cfg
-        lr, clip = ppo_schedules(cfg, self.optimizer, progress)
-        with torch.no_grad():
-            last_value = self.actor.value(self.actor.normalize(self._last_obs))
-        b, adv_all, ret_all, full_batch = ppo_batch(cfg, self.storage.data, last_value)
-        n = adv_all.shape[0]
-
-        sums = torch.zeros(5, device=self.device)  # pg, v, entropy, approx_kl, clipfrac
-        count = 0
-        stop = False
-        for _ in range(cfg.n_epochs):
-            if full_batch:
-                batches = [None]
-            else:
-                perm = torch.randperm(n, generator=self.rng["minibatch"], device=self.device)
-                batches = [perm[i:i + cfg.batch_size] for i in range(0, n - cfg.batch_size + 1, cfg.batch_size)]
-            for idx in batches:
-                take = (lambda t: t) if idx is None else (lambda t: t[idx])  # noqa: E731
-                loss, stats = ppo_loss(self.actor, take(b.obs), take(b.actions), take(b.log_probs), take(b.values),
-                                       take(adv_all), take(ret_all), clip, cfg,
-                                       normalize_adv=cfg.normalize_advantage and not full_batch)
-                self.optimizer.zero_grad()
-                loss.backward()
-                self.optimizer.step()  # clips the global gradient norm, then Adam
-                sums += stats
-                count += 1
-                if cfg.target_kl is not None and stats[3].item() > 1.5 * cfg.target_kl:
-                    stop = True
-                    break
-            if stop:
-                break
-
+        lr, clip = ppo_schedules(self.cfg, self.optimizer, progress)
+        batch = self.prepare_batch()
+        sums, evaluated, steps, extra = self.train_minibatches(batch, clip)
         self.storage.clear()
         self.updates += 1
-        pg, v, ent, kl, cf = (sums / max(count, 1)).tolist()
-        if not all(math.isfinite(x) for x in (pg, v, ent)):
-            raise TrainingError(
-                f"PPO loss became non-finite at update {self.updates} (pg_loss={pg}, v_loss={v}); "
-                "lower ppo.lr, enable ppo.normalize_obs / normalize_reward, or check the env's rewards"
-            )
+        return {**self.finish(batch, sums, evaluated, steps), "lr": lr, "clip_range": clip, **extra}
+
+    def bootstrap_value(self, obs: torch.Tensor) -> torch.Tensor:
+        """V of raw observations with the current network (no gradient)."""
         with torch.no_grad():
-            var_ret = ret_all.var()
-            explained_var = (1.0 - (ret_all - b.values).var() / var_ret).item() if var_ret > 0 else float("nan")
-        return {
-            "pg_loss": pg, "v_loss": v, "entropy": ent, "approx_kl": kl, "clipfrac": cf,
-            "explained_variance": explained_var, "lr": lr, "clip_range": clip,
-            "minibatches": float(count),
-        }
+            return self.actor.value(self.actor.normalize(obs))
+
+    def prepare_batch(self) -> PPOBatch:
+        b, adv, ret, whole = ppo_batch(self.cfg, self.storage.data, self.bootstrap_value(self._last_obs))
+        return PPOBatch(b.obs, b.actions, b.log_probs, b.values, adv, ret, whole)
+
+    def minibatch_plan(self, batch: PPOBatch):
+        """Per epoch, a fresh permutation cut into ``batch_size`` rows (the last minibatch
+        may be smaller: every transition is used); ``None`` is the whole batch."""
+        cfg = self.cfg
+        for _ in range(cfg.n_epochs):
+            if batch.whole:
+                yield None
+            else:
+                yield from torch.randperm(batch.size, generator=self.rng["minibatch"],
+                                          device=self.device).split(cfg.batch_size)
+
+    def minibatch_loss(self, obs, actions, log_probs, values, adv, ret, clip: float, normalize_adv: bool):
+        """``(loss, stats)`` of one minibatch (gradient workers call this too)."""
+        return ppo_loss(self.actor, obs, actions, log_probs, values, adv, ret, clip, self.cfg, normalize_adv)
+
+    def minibatch_step(self, batch: PPOBatch, idx, clip: float):
+        """``(stats, apply)``: the minibatch's statistics (a tensor in ``STATS`` order) and a
+        callable that takes the optimizer step with its gradient."""
+        take = (lambda t: t) if idx is None else (lambda t: t[idx])  # noqa: E731
+        loss, stats = self.minibatch_loss(take(batch.obs), take(batch.actions), take(batch.log_probs),
+                                          take(batch.values), take(batch.adv), take(batch.ret), clip,
+                                          self.cfg.normalize_advantage and not batch.whole)
+
+        def apply():
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()  # clips the global gradient norm, then Adam
+
+        return stats, apply
+
+    def train_minibatches(self, batch, clip: float):
+        """Run the plan; returns (summed stats, minibatches evaluated, optimizer steps, extra metrics)."""
+        target_kl = self.cfg.target_kl
+        sums = torch.zeros(len(self.STATS), device=self.device)
+        evaluated = steps = 0
+        for idx in self.minibatch_plan(batch):
+            stats, apply = self.minibatch_step(batch, idx, clip)
+            sums += stats
+            evaluated += 1
+            if target_kl is not None and stats[self.KL].item() > 1.5 * target_kl:
+                break  # this minibatch's step would move the policy too far: stop before it
+            apply()
+            steps += 1
+        return sums, evaluated, steps, {}
+
+    def explained_variance(self, batch: PPOBatch) -> float:
+        with torch.no_grad():
+            var_ret = batch.ret.var()
+            return (1.0 - (batch.ret - batch.values).var() / var_ret).item() if var_ret > 0 else float("nan")
+
+    def finish(self, batch, sums: torch.Tensor, evaluated: int, steps: int) -> dict[str, float]:
+        """The epilogue every family member shares: mean stats, finite check, explained variance."""
+        stats = dict(zip(self.STATS, (sums / max(evaluated, 1)).tolist()))
+        bad = [k for k in ("pg_loss", "v_loss", "entropy") if not math.isfinite(stats[k])]
+        if bad:
+            raise TrainingError(
+                f"{self.name}: {bad[0]} became non-finite at update {self.updates} "
+                f"(pg_loss={stats['pg_loss']}, v_loss={stats['v_loss']}); lower {self.name}.lr, enable "
+                f"{self.name}.normalize_obs / normalize_reward, or check the env's rewards"
+            )
+        return {**stats, "explained_variance": self.explained_variance(batch), "minibatches": float(steps)}
 
     # --- state
-    def state_dict(self):
-        return {
-            "actor": self.actor.state_dict(),
-            "ret_norm": self.ret_norm.state_dict(),
-            "disc_return": self._disc_return.clone(),
-            "optimizer": self.optimizer.state_dict(),
-            "storage": self.storage.state_dict(),
-            "updates": self.updates,
-        }
+    def extra_state(self):
+        state = {"disc_return": self._disc_return.clone(), "updates": self.updates}
+        if self.storage is not None:
+            state["storage"] = self.storage.state_dict()
+        return state
 
-    def load_state_dict(self, state):
-        self.actor.load_state_dict(state["actor"])
-        self.ret_norm.load_state_dict(state["ret_norm"])
+    def load_extra_state(self, state):
         self._disc_return.copy_(state["disc_return"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.storage.load_state_dict(state["storage"])
+        if self.storage is not None:
+            self.storage.load_state_dict(state["storage"])
         self.updates = int(state["updates"])

@@ -11,6 +11,7 @@ import gymnasium as gym
 import torch
 
 from corral.actors.offpolicy import Critics, SquashedGaussianActor
+from corral.algos.base import Action
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.errors import UserError
@@ -31,26 +32,39 @@ class SAC(OffPolicy):
     name = "sac"
     Config = SACConfig
 
-    def __init__(self, cfg: SACConfig, obs_space, act_space, num_envs, device, rng):
+    networks = ("actor", "critics", "critics_target")
+    optimizers = ("actor_opt", "critic_opt", "alpha_opt")
+    free_params = ("log_alpha",)
+
+    def __init__(self, cfg: SACConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         if not isinstance(act_space, gym.spaces.Box):
             raise UserError(f"sac needs a Box action space, got {act_space}; use dqn or ppo for Discrete")
-        super().__init__(cfg, obs_space, act_space, num_envs, device, rng)
-
-        def build():
-            actor = SquashedGaussianActor(obs_space, act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs)
-            own = obs_space if actor.enc.trainable else None  # CNNs: the critics get their own
-            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, own)
-            return actor.to(device), critics.to(device)
-
-        self.actor, self.critics = self._build(build)
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
+        self.actor, self.critics = self._build(self.make_networks)
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
         self.actor_opt = self._optimizer(self.actor.parameters(), cfg.actor_lr or cfg.lr)
         self.critic_opt = self._optimizer(self.critics.parameters(), cfg.lr)
         self.auto_alpha = cfg.ent_coef is None
         init = cfg.ent_coef_init if self.auto_alpha else cfg.ent_coef
         self.log_alpha = torch.tensor(math.log(init), device=device, requires_grad=self.auto_alpha)
-        self.alpha_opt = FlatAdam([self.log_alpha], lr=cfg.actor_lr or cfg.lr) if self.auto_alpha else None
+        self.alpha_opt = (FlatAdam([self.log_alpha], lr=cfg.actor_lr or cfg.lr)
+                          if self.auto_alpha and self.learns else None)
         self.target_entropy = float(cfg.target_entropy if cfg.target_entropy is not None else -self.actor.box.dim)
+
+    def make_actor(self) -> torch.nn.Module:
+        cfg = self.cfg
+        return SquashedGaussianActor(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
+                                     cfg.normalize_obs)
+
+    def make_critics(self, actor) -> torch.nn.Module:
+        """The critics ensemble on the actor's features (images: a CNN of their own)."""
+        cfg = self.cfg
+        own = self.obs_space if actor.enc.trainable else None
+        return Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, own)
+
+    def make_networks(self):
+        actor = self.make_actor()
+        return actor.to(self.device), self.make_critics(actor).to(self.device)
 
     def normalizer(self):
         return self.actor.enc.norm
@@ -62,7 +76,7 @@ class SAC(OffPolicy):
         else:
             unit, _ = self.actor(self.actor.enc(obs), self.rng["action"])
         env_action = box.to_env(unit)
-        return env_action, {"action": env_action}
+        return env_action, Action(env_action)
 
     def _actor_step(self) -> bool:
         return (self.grad_steps + 1) % self.cfg.policy_delay == 0
@@ -113,19 +127,3 @@ class SAC(OffPolicy):
     def after_step(self, stats):
         if (self.grad_steps + 1) % self.cfg.target_update_interval == 0:
             self.polyak(self.critics_target, self.critics, self.cfg.tau)
-
-    def _state(self):
-        state = {"actor": self.actor.state_dict(), "critics": self.critics.state_dict(),
-                 "critics_target": self.critics_target.state_dict(), "actor_opt": self.actor_opt.state_dict(),
-                 "critic_opt": self.critic_opt.state_dict(), "log_alpha": self.log_alpha.detach().clone()}
-        if self.alpha_opt is not None:
-            state["alpha_opt"] = self.alpha_opt.state_dict()
-        return state
-
-    def _load(self, state):
-        for name in ("actor", "critics", "critics_target", "actor_opt", "critic_opt"):
-            getattr(self, name).load_state_dict(state[name])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
-        if self.alpha_opt is not None and "alpha_opt" in state:
-            self.alpha_opt.load_state_dict(state["alpha_opt"])

@@ -14,6 +14,7 @@ import gymnasium as gym
 import torch
 
 from corral.actors.offpolicy import Critics, DeterministicActor
+from corral.algos.base import Action
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.errors import UserError
@@ -34,22 +35,33 @@ class TD3(OffPolicy):
     name = "td3"
     Config = TD3Config
 
-    def __init__(self, cfg: TD3Config, obs_space, act_space, num_envs, device, rng):
+    networks = ("actor", "critics", "actor_target", "critics_target")
+    optimizers = ("actor_opt", "critic_opt")
+
+    def __init__(self, cfg: TD3Config, obs_space, act_space, num_envs, device, rng, role="learner"):
         if not isinstance(act_space, gym.spaces.Box):
             raise UserError(f"{self.name} needs a Box action space, got {act_space}; use dqn or ppo for Discrete")
-        super().__init__(cfg, obs_space, act_space, num_envs, device, rng)
-
-        def build():
-            actor = DeterministicActor(obs_space, act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs)
-            own = obs_space if actor.enc.trainable else None  # CNNs: the critics get their own
-            critics = Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, own)
-            return actor.to(device), critics.to(device)
-
-        self.actor, self.critics = self._build(build)
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
+        self.actor, self.critics = self._build(self.make_networks)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
         self.actor_opt = self._optimizer(self.actor.parameters(), cfg.actor_lr or cfg.lr)
         self.critic_opt = self._optimizer(self.critics.parameters(), cfg.lr)
+        self._last_actor_loss = None  # reported on the critic-only steps of a delayed actor
+
+    def make_actor(self) -> torch.nn.Module:
+        cfg = self.cfg
+        return DeterministicActor(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs)
+
+    def make_critics(self, actor) -> torch.nn.Module:
+        """The critics ensemble on the actor's features (images: a CNN of their own)."""
+        cfg = self.cfg
+        own = self.obs_space if actor.enc.trainable else None
+        return Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, own)
+
+    def make_networks(self):
+        actor = self.make_actor()
+        return actor.to(self.device), self.make_critics(actor).to(self.device)
 
     def normalizer(self):
         return self.actor.enc.norm
@@ -63,7 +75,7 @@ class TD3(OffPolicy):
             noise = torch.randn(unit.shape, generator=self.rng["noise"], device=self.device)
             unit = (unit + self.cfg.exploration_noise * noise).clamp(-1.0, 1.0)
         env_action = box.to_env(unit)
-        return env_action, {"action": env_action}
+        return env_action, Action(env_action)
 
     def _actor_step(self) -> bool:
         return (self.grad_steps + 1) % self.cfg.policy_delay == 0
@@ -111,17 +123,8 @@ class TD3(OffPolicy):
             self.polyak(self.critics_target, self.critics, self.cfg.tau)
             self.polyak(self.actor_target, self.actor, self.cfg.tau)
             self._last_actor_loss = stats["actor_loss"]
-        elif hasattr(self, "_last_actor_loss"):
+        elif self._last_actor_loss is not None:
             stats["actor_loss"] = self._last_actor_loss
-
-    def _state(self):
-        return {"actor": self.actor.state_dict(), "critics": self.critics.state_dict(),
-                "actor_target": self.actor_target.state_dict(), "critics_target": self.critics_target.state_dict(),
-                "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict()}
-
-    def _load(self, state):
-        for name in ("actor", "critics", "actor_target", "critics_target", "actor_opt", "critic_opt"):
-            getattr(self, name).load_state_dict(state[name])
 
 
 DDPG_OVERRIDES = {"n_critics": 1, "policy_delay": 1, "target_noise": 0.0}

@@ -65,3 +65,12 @@ class VecEnv(Protocol):
 
 class EnvError(RuntimeError):
     """An env misbehaved (non-finite values, raised mid-episode, bad action)."""
+
+
+def episode_done(info: dict, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """Where a whole episode ended in this step, as the contract says: ``info["episode_done"]``
+    where the backend reports it (a lost Atari life or a restarted env's dropped episode is
+    not one), else ``terminated | truncated``. The Learner, collectors and evaluation all ask
+    this one function."""
+    done = info.get("episode_done")
+    return terminated | truncated if done is None else done

@@ -13,7 +13,6 @@ restart).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -23,6 +22,8 @@ from typing import Any
 import torch
 
 from corral.actors.normalizer import RunningNormalizer
+from corral.algos.base import Step, index_record, map_record, stack_records
+from corral.envs.base import episode_done
 from corral.rng import RNGStreams
 
 
@@ -45,7 +46,7 @@ class FragmentData:
     """``T`` vector steps of ``N`` envs."""
 
     obs: torch.Tensor  # [T + 1, N, *obs]; obs[t + 1] is the observation after step t
-    extras: dict  # name -> [T, N, ...] what explore returned for the learner
+    extras: Any  # the algorithm's extras record, each field [T, N, ...]
     reward: torch.Tensor  # [T, N]
     terminated: torch.Tensor  # [T, N] bool, as the env reported
     truncated: torch.Tensor  # [T, N] bool, as the env reported
@@ -60,7 +61,7 @@ class FragmentData:
         if self.obs.device == torch.device(device):
             return self
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return FragmentData(move(self.obs), {k: move(v) for k, v in self.extras.items()}, move(self.reward),
+        return FragmentData(move(self.obs), map_record(self.extras, move), move(self.reward),
                             move(self.terminated), move(self.truncated), move(self.final_obs), move(self.priorities))
 
     def head(self, rows: int) -> "FragmentData":
@@ -68,7 +69,7 @@ class FragmentData:
         if rows >= self.length:
             return self
         done = self.terminated[:rows] | self.truncated[:rows]
-        return FragmentData(self.obs[:rows + 1], {k: v[:rows] for k, v in self.extras.items()}, self.reward[:rows],
+        return FragmentData(self.obs[:rows + 1], index_record(self.extras, slice(None, rows)), self.reward[:rows],
                             self.terminated[:rows], self.truncated[:rows], self.final_obs[:int(done.sum())],
                             None if self.priorities is None else self.priorities[:rows])
 
@@ -87,16 +88,18 @@ class FragmentData:
         return trunc
 
     def steps(self):
-        """``(obs, extras, reward, terminated, truncated, final_obs, next_obs)`` per step, as ``observe`` takes them."""
+        """The ``Step`` records ``observe`` takes; the last one marks the fragment's boundary
+        in ``truncated`` and carries the env's own flags in ``env_truncated``."""
         final = self.true_next_obs()
         trunc = self.boundary_truncated()
+        last = self.length - 1
         for t in range(self.length):
-            extras = {k: v[t] for k, v in self.extras.items()}
-            yield self.obs[t], extras, self.reward[t], self.terminated[t], trunc[t], final[t], self.obs[t + 1]
+            yield Step(self.obs[t], index_record(self.extras, t), self.reward[t], self.terminated[t], trunc[t],
+                       final[t], self.obs[t + 1], self.truncated[t] if t == last else None)
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.obs, self.reward, self.terminated, self.truncated, self.final_obs, *self.extras.values()]
+        tensors = [self.obs, self.reward, self.terminated, self.truncated, self.final_obs, *self.extras]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
@@ -148,30 +151,13 @@ def merge_deltas(module: torch.nn.Module, deltas: list) -> None:
 
 
 def collector_state(algo) -> dict[str, torch.Tensor]:
-    """The state a collector needs to act (default: the actor's ``state_dict``, normalizer
-    included), on the CPU. An algorithm may define ``collector_state()`` to send more (Ape-X
-    collectors also score their transitions with the critic)."""
-    state = algo.collector_state() if hasattr(algo, "collector_state") else algo.actor.state_dict()
-    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
-
-
-def load_collector_state(algo, state: dict) -> None:
-    if hasattr(algo, "load_collector_state"):
-        algo.load_collector_state(state)
-    else:
-        algo.actor.load_state_dict(state)
+    """What a collector needs to act (``Algorithm.collector_state``: the declared ``acting``
+    networks, normalizers included), on the CPU."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in algo.collector_state().items()}
 
 
 def state_nbytes(state: dict) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
-
-
-def fragment_length(algo_cfg: Any) -> int:
-    """Steps per env in a fragment: a rollout algorithm's ``n_steps``, an off-policy one's
-    ``rollout_fragment`` (Ape-X), else 64."""
-    if hasattr(algo_cfg, "n_steps"):
-        return int(algo_cfg.n_steps)
-    return int(getattr(algo_cfg, "rollout_fragment", 64))
 
 
 def _add_paths(paths: list[str]) -> None:
@@ -208,27 +194,24 @@ class Collector:
         _add_paths(paths or [])
         torch.set_num_threads(max(1, threads))
         from corral.algos import get_algo
-        from corral.envs import make_vec_env
+        from corral.train.setup import make_env
 
         self.cfg, self.index, self.num_workers, self.generation = cfg, index, num_workers, generation
         self.device = torch.device("cpu")
         # Every (slot, generation) pair gets its own streams: a restarted collector does not
         # replay the episodes of the one it replaces.
         self.rng = RNGStreams(cfg.seed, self.device, worker=1 + index + num_workers * generation)
-        self.env = make_vec_env(env_spec, cfg.env.num_envs, cfg.env.kwargs, self.device, cfg.env.backend)
-        spec = get_algo(cfg.algo)
-        algo_cfg = cfg.algo_cfg
-        if hasattr(algo_cfg, "buffer_size"):
-            # A collector never stores transitions: the smallest replay its algorithm accepts.
-            algo_cfg = dataclasses.replace(algo_cfg, buffer_size=(getattr(algo_cfg, "n_step", 1) + 2) * cfg.env.num_envs)
-        self.algo = spec.cls(algo_cfg, self.env.single_observation_space, self.env.single_action_space,
-                             self.env.num_envs, self.device, self.rng)
+        # the run's env exactly as the learner builds it (backend, Atari wrappers, strict, on_error)
+        self.env = make_env(cfg, env_spec, self.device)
+        # an acting copy: no replay, no rollout storage, no optimizers
+        self.algo = get_algo(cfg.algo).cls(cfg.algo_cfg, self.env.single_observation_space,
+                                           self.env.single_action_space, self.env.num_envs, self.device, self.rng,
+                                           role="actor")
         self.algo.total_steps = cfg.steps
-        if hasattr(self.algo, "set_worker"):
-            self.algo.set_worker(index, num_workers)
+        self.algo.set_worker(index, num_workers)
         self.taps = [NormalizerTap(n) for n in normalizers(self.algo.actor)]
         self.version = -1
-        self.length = fragment_length(cfg.algo_cfg)
+        self.length = self.algo.fragment_length()
         self.obs = self.env.reset(seed=self.rng.env_seed())
         # (reset first: Gymnasium's env checker refuses a step before the first reset)
         # ``init``: where to continue from, ``{"env", "obs"}`` and optionally ``"rng"`` (the
@@ -257,10 +240,9 @@ class Collector:
         t0 = time.perf_counter()
         algo, env = self.algo, self.env
         if params is not None and version != self.version:
-            load_collector_state(algo, params)
+            algo.load_collector_state(params)
             self.version = version
-        if hasattr(algo, "env_steps"):
-            algo.env_steps = int(env_steps)  # schedules (epsilon, warm-up) follow the whole run
+        algo.set_env_steps(env_steps)  # schedules (epsilon, warm-up) follow the whole run
         T, N = self.length, env.num_envs
         obs = self.obs
         obs_buf = torch.empty((T + 1, *obs.shape), dtype=obs.dtype)
@@ -277,20 +259,21 @@ class Collector:
                 next_obs, reward, terminated, truncated, info = env.step(env_action)
                 rew[t], term[t], trunc[t] = reward, terminated, truncated
                 extras_steps.append(extras)
-                done = terminated | truncated
-                if done.any():
-                    finals.append(info["final_obs"][done])
+                ended = terminated | truncated
+                if ended.any():
+                    finals.append(info["final_obs"][ended])
+                    # whole episodes only (an Atari life lost is not one), as the Learner counts them
+                    done = episode_done(info, terminated, truncated)
                     for r, n_ in zip(info["episode_return"][done].tolist(), info["episode_length"][done].tolist()):
                         episodes.append((t, r, int(n_)))
                 obs = next_obs
         obs_buf[T] = obs
         self.obs = obs
-        extras = {k: torch.stack([e[k] for e in extras_steps]) for k in extras_steps[0]}
+        extras = stack_records(extras_steps)
         final = torch.cat(finals) if finals else obs_buf.new_empty((0, *obs.shape[1:]))
         data = FragmentData(obs_buf, extras, rew, term, trunc, final)
-        if hasattr(algo, "initial_priorities"):
-            with torch.no_grad():
-                data.priorities = algo.initial_priorities(data)
+        with torch.no_grad():
+            data.priorities = algo.initial_priorities(data)
         meta = FragmentMeta(self.index, self.generation, version, T * N, time.perf_counter() - t0, episodes,
                             [tap.take() for tap in self.taps], self.resume_state() if want_state else None)
         return meta, data

@@ -28,8 +28,7 @@ import torch
 
 from corral.errors import TrainingError, UserError
 from corral.schemes.collector import (Collector, FragmentData, FragmentMeta, collector_state, driver_paths,
-                                      fragment_length, merge_deltas, portable_env_spec, state_nbytes)
-from corral.storage.rollout import RolloutStorage
+                                      merge_deltas, portable_env_spec, state_nbytes)
 
 
 class CollectorFailed(Exception):
@@ -104,8 +103,10 @@ class FragmentScheme:
                             f"{sc.collectors} and {sc.grad_workers}")
         self.sc = sc
         self.K = sc.collectors
-        self.T = fragment_length(learner.cfg.algo_cfg)
-        self.replay_server = bool(getattr(learner.algo, "replay_server", False)) and self.K > 1
+        self.T = learner.algo.fragment_length()
+        self.replay_server = learner.algo.replay_server and self.K > 1
+        # per collector: the algorithm's column state (PPO's discounted return) for its episodes
+        self._columns: dict[int, dict] = {}
         self.version = 0
         self._params = None
         self._params_version = -1
@@ -134,7 +135,7 @@ class FragmentScheme:
         L = self.learner
         old = L.algo
         cfg = dataclasses.replace(old.cfg, **cfg_changes) if cfg_changes else old.cfg
-        new = (cls or type(old))(cfg, old.obs_space, old.act_space, old.num_envs, old.device, L.rng)
+        new = (cls or type(old))(cfg, old.obs_space, old.act_space, old.num_envs, old.device, L.rng, old.role)
         new.total_steps = old.total_steps
         new.load_state_dict(old.state_dict())
         L.algo = new
@@ -151,9 +152,7 @@ class FragmentScheme:
             from corral.schemes.grad import sharded_class
 
             cls = sharded_class(algo)
-        changes = {}
-        if isinstance(getattr(algo, "storage", None), RolloutStorage) and self.K > 1:
-            changes["n_steps"] = algo.cfg.n_steps * self.K
+        changes = algo.scheme_config(self.K)
         if cls is not None or changes:
             algo = self._rebuild_algo(cls, **changes)
         if self.sc.grad_workers > 1:
@@ -169,6 +168,7 @@ class FragmentScheme:
             if saved is not None and len(saved) == self.K:
                 # a distributed checkpoint with as many collectors: each continues its own episodes
                 inits = [s or None for s in saved]
+                self._columns = {k: s["columns"] for k, s in enumerate(saved) if s and s.get("columns")}
             elif getattr(L.env, "copyable", False):
                 # Collector 0 continues the learner's own episodes (a run resumed from an
                 # in-process checkpoint picks up where it stopped).
@@ -277,9 +277,10 @@ class FragmentScheme:
 
     def failed(self, k: int, err: CollectorFailed) -> None:
         """Drop the fragment in flight, rebuild the collector, or give up after max_restarts."""
-        cause = getattr(err, "cause", err)
+        cause = err.cause
         if isinstance(cause, UserError):
             raise cause
+        self._columns.pop(k, None)  # the restarted collector starts fresh episodes
         self.dropped += 1
         self.restarts += 1
         if self.restarts > self.sc.max_restarts:
@@ -313,19 +314,27 @@ class FragmentScheme:
         states = self.learner.collector_states
         if states is not None and meta.worker < len(states):
             states[meta.worker] = meta.resume
+            if meta.resume is not None and meta.worker in self._columns:
+                states[meta.worker] = {**meta.resume, "columns": self._columns[meta.worker]}
         self.fragments += 1
         self._lags.append(version_now - meta.version)
         self._sps[meta.worker] = meta.steps / max(meta.seconds, 1e-9)
 
     def consume(self, meta: FragmentMeta, data: FragmentData) -> list[dict]:
-        """Replay one fragment through the learner's algorithm, as the in-process loop would."""
+        """Replay one fragment through the learner's algorithm, as the in-process loop would.
+        The columns carry this collector's episodes, so its column state is swapped in."""
         L = self.learner
         algo = L.algo
-        self.note_fragment(meta, self.version)
         merge_deltas(algo.actor, meta.norm_deltas)
         if self.fragment_callback is not None:
             self.fragment_callback(meta, data)
         data = data.to(L.device)
+        columns = algo.column_state()
+        if columns:
+            k = meta.worker
+            # collector 0's first fragment continues the learner's own episodes; others start fresh
+            algo.load_column_state(self._columns.get(k) or
+                                   (columns if k == 0 else {name: torch.zeros_like(v) for name, v in columns.items()}))
         total = L.cfg.steps
         n = data.reward.shape[1]
         updates = []
@@ -335,24 +344,21 @@ class FragmentScheme:
             if L.env_steps >= total:
                 break
             with no_grad:
-                algo.observe(*step)
-            L.env_steps += n
+                algo.observe(step)
+            L.add_steps(n)
             fed += 1
             if algo.ready():
                 updates.append(algo.update(min(1.0, L.env_steps / total)))
                 self.version += 1
+        if columns:
+            self._columns[meta.worker] = algo.column_state()
+        self.note_fragment(meta, self.version - len(updates))
         self.count_episodes(meta, fed)
         return updates
 
     def count_episodes(self, meta: FragmentMeta, fed: int) -> None:
-        L = self.learner
-        rets = [r for t, r, _ in meta.episodes if t < fed]
-        lens = [n for t, _, n in meta.episodes if t < fed]
-        if rets:
-            L.episodes += len(rets)
-            L.recent_returns.extend(rets)
-            L.new_returns.extend(rets)
-            L.new_lengths.extend(lens)
+        """The episodes that ended in the first ``fed`` steps of a fragment."""
+        self.learner.add_episodes([r for t, r, _ in meta.episodes if t < fed], [n for t, _, n in meta.episodes if t < fed])
 
     def _fragment(self, k, meta, data):
         """The fragment's data here, or None when fetching it shows the collector failed."""
@@ -467,7 +473,7 @@ class FragmentScheme:
                 self.note_fragment(meta, self.version)
                 merge_deltas(algo.actor, meta.norm_deltas)
                 self.count_episodes(meta, rows)
-                L.env_steps += rows * n
+                L.add_steps(rows * n)
                 algo.advance(rows * n)
             if due() > 0:
                 done += 1

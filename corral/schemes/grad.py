@@ -30,23 +30,16 @@ Nothing here imports Ray; ``corral.schemes.ray_scheme.RayGradPool`` runs the sam
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
 from corral.algos.offpolicy import OffPolicy
-from corral.algos.ppo import PPO, ppo_batch, ppo_loss, ppo_schedules
+from corral.algos.ppo import PPO, PPOBatch
 from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
 from corral.storage.replay import ReplayBatch
 
 _BATCH_FIELDS = [f.name for f in dataclasses.fields(ReplayBatch)]
-
-
-def minibatch_loss(algo: PPO, mb: dict, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's loss on a dict of flat tensors whose ``adv`` is already normalized."""
-    return ppo_loss(algo.actor, mb["obs"], mb["actions"], mb["log_probs"], mb["values"], mb["adv"], mb["ret"],
-                    clip, algo.cfg)
 
 
 class GradientWorker:
@@ -58,14 +51,11 @@ class GradientWorker:
         torch.set_num_threads(max(1, threads))
         from corral.algos import get_algo
 
-        algo_cfg = cfg.algo_cfg
-        if hasattr(algo_cfg, "n_steps"):  # it never stores a rollout
-            algo_cfg = dataclasses.replace(algo_cfg, n_steps=1, batch_size=1)
-        if hasattr(algo_cfg, "buffer_size"):  # nor a replay
-            algo_cfg = dataclasses.replace(algo_cfg, buffer_size=max(64, 4 * algo_cfg.n_step))
-        self.algo = get_algo(cfg.algo).cls(algo_cfg, obs_space, act_space, 1, torch.device("cpu"),
-                                           RNGStreams(cfg.seed, "cpu", worker=10_000 + index))
-        self.opt = getattr(self.algo, "optimizer", None)  # PPO's one; replay algorithms name theirs per phase
+        # networks and optimizers (the flat layout gradients travel in), no storage
+        self.algo = get_algo(cfg.algo).cls(cfg.algo_cfg, obs_space, act_space, 1, torch.device("cpu"),
+                                           RNGStreams(cfg.seed, "cpu", worker=10_000 + index), role="grad_worker")
+        # the PPO family steps one optimizer; a replay algorithm's phases name theirs
+        self.opt = self.algo.declared_optimizers()[0]
         self.batch: dict | None = None
 
     def load(self, batch: dict) -> None:
@@ -78,7 +68,8 @@ class GradientWorker:
         if adv_stats is not None:
             mean, std = adv_stats
             mb = {**mb, "adv": (mb["adv"] - mean) / (std + 1e-8)}
-        loss, stats = minibatch_loss(self.algo, mb, clip)
+        loss, stats = self.algo.minibatch_loss(mb["obs"], mb["actions"], mb["log_probs"], mb["values"], mb["adv"],
+                                               mb["ret"], clip, False)  # adv arrives normalized
         self.opt.zero_grad()
         loss.backward()
         return self.opt.grad.clone(), int(mb["adv"].shape[0]), stats
@@ -116,7 +107,7 @@ class GradientWorker:
     def resume(self, index: int, params: torch.Tensor):
         """The learner stepped optimizer ``index`` to ``params``: on to the next phase (or the
         step's ``("done", n, stats, td)``)."""
-        self.algo.optimizers()[index].flat.copy_(params)
+        self.algo.declared_optimizers()[index].flat.copy_(params)
         return self._advance()
 
     def _advance(self, first: bool = False):
@@ -129,7 +120,7 @@ class GradientWorker:
                     None if td is None else td.detach().cpu())
         opt.zero_grad()
         loss.backward()
-        index = next(i for i, o in enumerate(self.algo.optimizers()) if o is opt)
+        index = next(i for i, o in enumerate(self.algo.declared_optimizers()) if o is opt)
         return ("grad", index, opt.grad.clone(), self._n)
 
 
@@ -177,7 +168,8 @@ def _average(results: list) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class ShardedPPO(PPO):
-    """PPO whose minibatch gradients come from a pool of gradient workers."""
+    """PPO whose minibatch gradients come from a pool of gradient workers: the family's
+    update loop with ``minibatch_step`` (sync) or the whole minibatch pass (async) replaced."""
 
     pool = None
     mode = "sync"
@@ -185,90 +177,65 @@ class ShardedPPO(PPO):
     def attach(self, pool, mode: str) -> None:
         self.pool, self.mode = pool, mode
 
-    def update(self, progress: float) -> dict[str, float]:
+    def prepare_batch(self) -> PPOBatch:
+        batch = super().prepare_batch()
+        if self.pool is not None:
+            cpu = lambda t: t.detach().to("cpu")  # noqa: E731
+            self.pool.load({"obs": cpu(batch.obs), "actions": cpu(batch.actions), "log_probs": cpu(batch.log_probs),
+                            "values": cpu(batch.values), "adv": cpu(batch.adv), "ret": cpu(batch.ret)})
+        return batch
+
+    def _adv_stats(self, batch: PPOBatch, idx):
+        """Mean and std of the minibatch's advantages (the coupling the learner computes for all shards)."""
+        if not self.cfg.normalize_advantage or idx is None:
+            return None
+        a = batch.adv[idx]
+        return (a.mean().cpu(), a.std(correction=1 if a.numel() > 1 else 0).cpu())
+
+    def _params(self):
+        return self.pool.put(self.optimizer.flat.cpu().clone())
+
+    def minibatch_step(self, batch: PPOBatch, idx, clip: float):
         if self.pool is None:
-            return super().update(progress)
-        cfg = self.cfg
-        lr, clip = ppo_schedules(cfg, self.optimizer, progress)
-        with torch.no_grad():
-            last_value = self.actor.value(self.actor.normalize(self._last_obs))
-        b, adv_all, ret_all, full_batch = ppo_batch(cfg, self.storage.data, last_value)
-        n = adv_all.shape[0]
-        cpu = lambda t: t.detach().to("cpu")  # noqa: E731
-        self.pool.load({"obs": cpu(b.obs), "actions": cpu(b.actions), "log_probs": cpu(b.log_probs),
-                        "values": cpu(b.values), "adv": cpu(adv_all), "ret": cpu(ret_all)})
+            return super().minibatch_step(batch, idx, clip)
+        idx_all = torch.arange(batch.size) if idx is None else idx.cpu()
+        adv = self._adv_stats(batch, idx)
+        shards = [(s, adv, clip) for s in idx_all.tensor_split(self.pool.num_workers) if s.numel()]
+        grad, stats = _average(self.pool.gradients(self._params(), shards))
+        return stats.to(self.device), lambda: self._apply(grad)
 
-        # The same minibatches, drawn from the same stream, as PPO.update.
-        jobs = []
-        for _ in range(cfg.n_epochs):
-            if full_batch:
-                jobs.append(None)
-            else:
-                perm = torch.randperm(n, generator=self.rng["minibatch"], device=self.device)
-                jobs += [perm[i:i + cfg.batch_size] for i in range(0, n - cfg.batch_size + 1, cfg.batch_size)]
+    def train_minibatches(self, batch: PPOBatch, clip: float):
+        if self.pool is None or self.mode == "sync":
+            return super().train_minibatches(batch, clip)
+        # async: each worker takes a whole minibatch at the parameters of the moment; every
+        # gradient is applied as it lands (no target-KL stop: the steps are already in flight)
+        queue = [(None if idx is None else idx.cpu(), self._adv_stats(batch, idx)) for idx in self.minibatch_plan(batch)]
+        sums = torch.zeros(len(self.STATS))
+        steps, lags, busy = 0, [], 0
 
-        def adv_stats(idx):
-            if not cfg.normalize_advantage or idx is None:
-                return None
-            a = adv_all[idx]
-            return (a.mean().cpu(), a.std().cpu())
+        def submit(w):
+            idx, adv = queue.pop(0)
+            self.pool.submit(w, self._params(), steps, (idx, adv, clip))
 
-        sums = torch.zeros(5)
-        count, lags = 0, []
-        if self.mode == "sync":
-            for j, idx in enumerate(jobs):
-                idx_all = torch.arange(n) if idx is None else idx.cpu()
-                stats_adv = adv_stats(idx)
-                params = self.pool.put(self.optimizer.flat.cpu().clone())
-                shards = [(s, stats_adv, clip) for s in idx_all.tensor_split(self.pool.num_workers) if s.numel()]
-                grad, stats = _average(self.pool.gradients(params, shards))
-                self._apply(grad)
-                sums += stats
-                count += 1
-                if cfg.target_kl is not None and stats[3].item() > 1.5 * cfg.target_kl:
-                    break  # as PPO.update: no more minibatches this update
-        else:
-            queue = list(enumerate(jobs))
-            busy = 0
-            for w in range(min(self.pool.num_workers, len(queue))):
-                j, idx = queue.pop(0)
-                self.pool.submit(w, self.pool.put(self.optimizer.flat.cpu().clone()), count,
-                                 (None if idx is None else idx.cpu(), adv_stats(idx), clip))
+        for w in range(min(self.pool.num_workers, len(queue))):
+            submit(w)
+            busy += 1
+        while busy:
+            w, tag, (grad, _, stats) = self.pool.wait()
+            busy -= 1
+            lags.append(steps - tag)
+            self._apply(grad)
+            sums += stats
+            steps += 1
+            if queue:
+                submit(w)
                 busy += 1
-            while busy:
-                w, tag, (grad, _, stats) = self.pool.wait()
-                busy -= 1
-                lags.append(count - tag)
-                self._apply(grad)
-                sums += stats
-                count += 1
-                if queue:
-                    j, idx = queue.pop(0)
-                    self.pool.submit(w, self.pool.put(self.optimizer.flat.cpu().clone()), count,
-                                     (None if idx is None else idx.cpu(), adv_stats(idx), clip))
-                    busy += 1
-
-        self.storage.clear()
-        self.updates += 1
-        pg, v, ent, kl, cf = (sums / max(count, 1)).tolist()
-        if not all(math.isfinite(x) for x in (pg, v, ent)):
-            raise TrainingError(
-                f"PPO loss became non-finite at update {self.updates} (pg_loss={pg}, v_loss={v}); "
-                "lower ppo.lr, enable ppo.normalize_obs / normalize_reward, or check the env's rewards"
-            )
-        with torch.no_grad():
-            var_ret = ret_all.var()
-            explained_var = (1.0 - (ret_all - b.values).var() / var_ret).item() if var_ret > 0 else float("nan")
-        out = {"pg_loss": pg, "v_loss": v, "entropy": ent, "approx_kl": kl, "clipfrac": cf,
-               "explained_variance": explained_var, "lr": lr, "clip_range": clip, "minibatches": float(count)}
-        if lags:
-            out["grad_lag"] = sum(lags) / len(lags)
-        return out
+        return sums.to(self.device), steps, steps, ({"grad_lag": sum(lags) / len(lags)} if lags else {})
 
     def _apply(self, grad: torch.Tensor) -> None:
         """The averaged gradient into the optimizer's flat buffer; it clips and steps as in-process."""
         self.optimizer.zero_grad()
-        self.optimizer.grad.copy_(grad)
+        self.optimizer.grad.copy_(grad.to(self.optimizer.grad.device))
         self.optimizer.step()
 
 
@@ -310,7 +277,7 @@ class ShardedOffPolicy:
         return stats, td
 
     def _apply(self, index: int, grad: torch.Tensor) -> None:
-        opt = self.optimizers()[index]
+        opt = self.declared_optimizers()[index]
         opt.zero_grad()
         opt.grad.copy_(grad.to(opt.grad.device))
         opt.step()
@@ -328,7 +295,7 @@ class ShardedOffPolicy:
             index = results[0][1]
             total = sum(r[3] for r in results)
             self._apply(index, sum(r[2] * (r[3] / total) for r in results))
-            params = self.pool.put(self.optimizers()[index].flat.cpu().clone())
+            params = self.pool.put(self.declared_optimizers()[index].flat.cpu().clone())
             results = self.pool.call("resume", [(index, params)] * len(rows))
         return self._finish([r[1:] for r in results])
 

@@ -59,7 +59,7 @@ class ReplayServer:
         start = buf.steps_added
         final = data.true_next_obs()
         trunc = data.boundary_truncated()
-        action = data.extras["action"]
+        action = data.extras.action
         T = data.length
         for t in range(T):
             buf.add(data.obs[t], action[t], data.reward[t], data.terminated[t], trunc[t], final[t])

@@ -21,6 +21,8 @@ import torch
 
 from corral import config as C
 from corral.algos import get_algo
+from corral.algos.base import Step
+from corral.envs.base import episode_done
 from corral.rng import RNGStreams
 from corral.train.checkpoint import save_checkpoint
 from corral.train.hooks import CheckpointHook, EvalHook, MetricsHook, ProgressHook
@@ -64,6 +66,18 @@ class Learner:
         self.algo.total_steps = cfg.steps
         self.obs = self.env.reset(seed=self.rng.env_seed())
 
+    # --- bookkeeping: every loop (in-process, collectors' fragments, replay servers) counts here
+    def add_steps(self, n: int) -> None:
+        self.env_steps += n
+
+    def add_episodes(self, returns: list[float], lengths: list[float]) -> None:
+        """Whole episodes that ended (``corral.envs.base.episode_done``), in the order they ended."""
+        if returns:
+            self.episodes += len(returns)
+            self.recent_returns.extend(returns)
+            self.new_returns.extend(returns)
+            self.new_lengths.extend(lengths)
+
     @property
     def last20_return(self) -> float:
         return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else float("nan")
@@ -79,19 +93,13 @@ class Learner:
             with no_grad:
                 env_action, extras = algo.explore(obs)
                 next_obs, reward, terminated, truncated, info = env.step(env_action)
-                algo.observe(obs, extras, reward, terminated, truncated, info["final_obs"], next_obs)
+                algo.observe(Step(obs, extras, reward, terminated, truncated, info["final_obs"], next_obs))
             obs = next_obs
             self.obs = obs
-            self.env_steps += n
-            # a whole episode ended (not a lost Atari life, not a restarted env's dropped episode)
-            done = info.get("episode_done", terminated | truncated)
+            self.add_steps(n)
+            done = episode_done(info, terminated, truncated)
             if done.any():
-                rets = info["episode_return"][done].tolist()
-                lens = info["episode_length"][done].tolist()
-                self.episodes += len(rets)
-                self.recent_returns.extend(rets)
-                self.new_returns.extend(rets)
-                self.new_lengths.extend(lens)
+                self.add_episodes(info["episode_return"][done].tolist(), info["episode_length"][done].tolist())
             if algo.ready():
                 stats = algo.update(min(1.0, self.env_steps / total))
                 yield stats
