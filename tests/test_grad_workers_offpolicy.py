@@ -57,7 +57,7 @@ def twin(L, cls):
 def assert_same_state(a: OffPolicy, b: OffPolicy, **tol):
     for x, y in zip(a.synced_tensors(), b.synced_tensors(), strict=True):
         torch.testing.assert_close(x, y, **tol)
-    for oa, ob in zip(a.optimizers(), b.optimizers(), strict=True):
+    for oa, ob in zip(a.declared_optimizers(), b.declared_optimizers(), strict=True):
         torch.testing.assert_close(oa.exp_avg_sq, ob.exp_avg_sq, **tol)
         assert oa.steps == ob.steps
 
@@ -100,7 +100,7 @@ def test_async_steps_land_as_they_arrive_with_their_own_priorities_in_process():
 
     sharded._async_step = spy.__get__(sharded)
     stats = sharded.update(0.5)
-    assert sharded.grad_steps == 4 and sharded.optimizers()[0].steps == 4 and not sharded._busy
+    assert sharded.grad_steps == 4 and sharded.declared_optimizers()[0].steps == 4 and not sharded._busy
     # two workers: the first step saw fresh parameters, each later one was one step behind
     assert stats["grad_lag"] == pytest.approx((0 + 1 + 1 + 1) / 4)
     assert {"q_loss", "q_mean", "epsilon"} <= stats.keys()

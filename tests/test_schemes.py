@@ -12,15 +12,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from corral.algos.base import Step
 
 import corral
 from corral.actors.normalizer import RunningNormalizer
+from corral.algos.base import Step
 from corral.algos.ppo import PPO
 from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
 from corral.schemes.fragments import FragmentScheme
-from corral.schemes.collector import Collector, driver_paths, fragment_length
+from corral.schemes.collector import Collector, driver_paths
 from corral.schemes.grad import LocalGradPool, ShardedPPO
 from corral.train.checkpoint import load_checkpoint
 from corral.train.learner import Learner
@@ -85,7 +85,7 @@ def test_a_fragment_ends_in_a_boundary_whose_final_observation_is_the_next_obser
     assert len(steps) == 40
     done = data.terminated | data.truncated
     assert done.any(), "40 steps of a random CartPole policy end some episode"
-    for t, (obs, extras, reward, term, trunc, final_obs, next_obs) in enumerate(steps):
+    for t, (obs, extras, reward, term, trunc, final_obs, next_obs, _) in enumerate(steps):
         assert torch.equal(obs, data.obs[t]) and torch.equal(next_obs, data.obs[t + 1])
         assert torch.equal(trunc, data.truncated[t] | (t == 39))
         # final_obs is the true next observation: obs[t + 1] unless the episode ended at t
@@ -292,7 +292,7 @@ def test_a_distributed_run_resumed_from_its_checkpoint_equals_one_that_never_sto
     # Sync collection with 2 collectors in this process: each collector's env state and
     # action stream go into the checkpoint, so N + resume N is 2N bit for bit, episodes and all.
     over = {"scheme.collectors": 2, "env.num_envs": 2, "checkpoint.every": 10**9, **extra}
-    n = 2 * 2 * 2 * fragment_length(build_config(algo, "CartPole-v1", overrides=over).algo_cfg) * 2
+    n = 2 * 2 * 2 * learner(algo, steps=1, **over).algo.fragment_length() * 2
 
     def params(L):
         return torch.cat([p.detach().flatten() for p in L.algo.actor.parameters()])

@@ -213,7 +213,7 @@ class PPO(Algorithm):
         if cfg.lr_schedule not in ("constant", "linear") or cfg.clip_schedule not in ("constant", "linear"):
             raise UserError("ppo.lr_schedule and ppo.clip_schedule must be 'constant' or 'linear'")
         rollout = cfg.n_steps * num_envs
-        if cfg.batch_size > rollout:
+        if self.stores and cfg.batch_size > rollout:
             raise UserError(
                 f"{self.name}.batch_size={cfg.batch_size} is larger than the rollout n_steps*num_envs={rollout}; "
                 "lower batch_size or raise n_steps"
