@@ -100,12 +100,11 @@ def _cmd_list(args) -> int:
 
     if args.options:
         from corral import config as C
-        from corral.config import CheckpointConfig, EnvConfig, EvalConfig, SchemeConfig, TrainConfig
 
         spec = get_algo(args.options)
-
-        for prefix, cls in (("", TrainConfig), ("env.", EnvConfig), ("eval.", EvalConfig),
-                            ("checkpoint.", CheckpointConfig), ("scheme.", SchemeConfig), (args.options + ".", spec.cls.Config)):
+        for prefix, cls in (("", C.TrainConfig), ("env.", C.EnvConfig), ("eval.", C.EvalConfig),
+                            ("checkpoint.", C.CheckpointConfig), ("scheme.", C.SchemeConfig),
+                            (args.options + ".", spec.cls.Config)):
             for f in dataclasses.fields(cls):
                 if f.name in ("env", "eval", "checkpoint", "scheme", "algo_cfg"):
                     continue

@@ -344,7 +344,7 @@ def _alias_note(given: str, key: str) -> None:
 def _unknown_key_message(key: str, valid: list[str], algo_cfg: Any = None) -> str:
     leaf = key.rsplit(".", 1)[-1]
     if leaf in ALIASES and resolve_alias(leaf, algo_cfg) is None:
-        note = ALIAS_NOTES.get(leaf, "corral has no such setting for this algorithm")
+        note = ALIAS_NOTES.get(leaf, f"{leaf!r} is another library's name with no counterpart here")
         return f"unknown config key {key!r}: {note}; `corral list --options ALGO` shows every key"
 
     def score(k: str) -> float:

@@ -63,8 +63,8 @@ def test_unknown_algorithm_suggests_close_names():
     ("ppo.lr_schedule", "cosine", "config ppo.lr_schedule: 'cosine' is not one of constant, linear; did you mean"),
     ("clip_schedule", "linnear", "'linnear' is not one of constant, linear; did you mean 'linear'?"),
     ("activation", "reluu", "config ppo.activation: 'reluu' is not one of tanh, relu, elu, silu; did you mean 'relu'?"),
-    ("env.backend", "subprocess", "config env.backend: 'subprocess' is not one of sync, subproc, envpool, native; "
-                                  "did you mean 'subproc'?"),
+    ("env.backend", "subprocess", ("config env.backend: 'subprocess' is not one of sync, subproc, envpool, native; "
+                                   "did you mean 'subproc'?")),
     ("env.on_error", "retsart", "did you mean 'restart'?"),
     ("scheme.collect", "asynch", "config scheme.collect: 'asynch' is not one of sync, async; did you mean 'async'?"),
     ("scheme.grad", "SYNC", "did you mean 'sync'?"),
