@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -98,16 +99,17 @@ def _cmd_list(args) -> int:
     from corral.train.setup import list_presets
 
     if args.options:
-        spec = get_algo(args.options)
-        from corral.config import CheckpointConfig, EnvConfig, EvalConfig, SchemeConfig, TrainConfig
+        from corral import config as C
 
-        for prefix, cls in (("", TrainConfig), ("env.", EnvConfig), ("eval.", EvalConfig),
-                            ("checkpoint.", CheckpointConfig), ("scheme.", SchemeConfig), (args.options + ".", spec.cls.Config)):
+        spec = get_algo(args.options)
+        for prefix, cls in (("", C.TrainConfig), ("env.", C.EnvConfig), ("eval.", C.EvalConfig),
+                            ("checkpoint.", C.CheckpointConfig), ("scheme.", C.SchemeConfig),
+                            (args.options + ".", spec.cls.Config)):
             for f in dataclasses.fields(cls):
                 if f.name in ("env", "eval", "checkpoint", "scheme", "algo_cfg"):
                     continue
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                print(f"  {prefix + f.name:28s} {str(default):14s} {f.metadata.get('help', '')}")
+                print(f"  {prefix + f.name:28s} {str(default):14s} {C.describe(f)}")
         return 0
     print("algorithms:")
     for name, spec in ALGOS.items():
@@ -209,7 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
+        rc = args.fn(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return rc
+    except BrokenPipeError:
+        # The reader left (`corral list --options ppo | head`): stop quietly. stdout goes to
+        # devnull so the interpreter's last flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for a process ended by SIGPIPE
     except UserError as e:
         print(f"corral: error: {e}", file=sys.stderr)
         return 2

@@ -1,48 +1,68 @@
-"""Typed configs: dataclasses with a default and a one-line help per field.
+"""Typed configs: dataclasses with a default, a one-line help and a valid range per field.
 
 A run's config is a ``TrainConfig`` whose ``algo_cfg`` is the algorithm's own
 dataclass. The same tree is written to ``config.yaml`` and read back; ``--set
 key=value`` overrides any leaf by its dotted path (``ppo.lr``, ``env.num_envs``)
 or, for algorithm fields, by its bare name (``lr``).
+
+Every value is checked where it is set (presets, ``--config`` files, ``--set``, Python
+overrides): its type, ``Literal`` choices and numeric range, so a bad value fails
+before anything is built, with the key named. Keys that Stable-Baselines3 and RLlib
+users bring (``learning_rate``, ``num_sgd_iter``, ...) resolve through ``ALIASES``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from corral.errors import UserError
 
 
-def option(default: Any, help: str, **kw) -> Any:
-    """A config field: a default and a one-line help (shown by ``corral list --options``)."""
-    if isinstance(default, (list, dict, tuple)) and not isinstance(default, tuple):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+def option(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
+           le: float | None = None, lt: float | None = None, also: tuple = (), **kw) -> Any:
+    """A config field: a default, a one-line help (shown by ``corral list --options``) and,
+    for numbers, a valid range: ``ge``/``gt`` and ``le``/``lt`` bounds (applied to each
+    item of a tuple), plus ``also``, values outside the range with a meaning of their own
+    (``gradient_steps=-1``). ``None`` always passes where the type allows it."""
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
+    metadata = {"help": help, "range": bounds, "also": tuple(also)}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata, **kw)
+    return field(default=default, metadata=metadata, **kw)
+
+
+# Closed sets of strings, shared by the configs that take them.
+Activation = Literal["tanh", "relu", "elu", "silu"]
+Schedule = Literal["constant", "linear"]
+SyncOrAsync = Literal["sync", "async"]
 
 
 @dataclass
 class EnvConfig:
     id: str = option("CartPole-v1", "Gymnasium id, 'module:callable', 'file.py:Name' or a registered name")
-    num_envs: int = option(1, "parallel envs for collection")
-    backend: str = option("sync", "vector backend: sync (in-process), subproc (worker processes), envpool, native (torch-batched)")
+    num_envs: int = option(1, "parallel envs for collection", ge=1)
+    backend: Literal["sync", "subproc", "envpool", "native"] = option(
+        "sync", "vector backend: sync (in-process), subproc (worker processes), envpool, native (torch-batched)")
     kwargs: dict = option({}, "keyword arguments passed to the env constructor")
-    on_error: str = option("raise", "an env that raises: raise (stop the run) or restart (rebuild it, drop the episode)")
+    on_error: Literal["raise", "restart"] = option(
+        "raise", "an env that raises: raise (stop the run) or restart (rebuild it, drop the episode)")
     strict: bool = option(False, "reject out-of-bounds Box actions instead of clipping and counting them")
     atari_wrappers: bool = option(True, "standard Atari preprocessing for ALE ids (evaluation drops episodic life and clipping)")
 
 
 @dataclass
 class EvalConfig:
-    every: int = option(0, "evaluate every this many env steps (0: only at the end)")
-    episodes: int = option(10, "episodes per evaluation")
-    num_envs: int = option(5, "parallel envs for evaluation")
+    every: int = option(0, "evaluate every this many env steps (0: only at the end)", ge=0)
+    episodes: int = option(10, "episodes per evaluation (0: no evaluation at the end)", ge=0)
+    num_envs: int = option(5, "parallel envs for evaluation", ge=1)
     deterministic: bool = option(True, "use the policy's mode rather than sampling")
     video: bool = option(False, "also show one episode per evaluation as a video in TensorBoard (needs corral[video])")
     stop_at_return: float | None = option(None, "stop training once a periodic evaluation's mean return reaches this")
@@ -50,30 +70,31 @@ class EvalConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = option(0, "write a checkpoint every this many env steps (0: only at the end and the best eval)")
-    keep: int = option(3, "periodic checkpoints to keep (latest and best are always kept)")
+    every: int = option(0, "write a checkpoint every this many env steps (0: only at the end and the best eval)", ge=0)
+    keep: int = option(3, "periodic checkpoints to keep (latest and best are always kept)", ge=0)
 
 
 @dataclass
 class SchemeConfig:
-    collectors: int = option(1, "collection workers (Ray actors when > 1; 1 runs in-process, no Ray)")
-    collect: str = option("sync", "sync (wait for every collector each update) or async (use fragments as they arrive)")
-    grad_workers: int = option(1, "gradient workers computing on shards of each batch (Ray actors when > 1)")
-    grad: str = option("sync", "sync (average gradients, equal to one process) or async (apply as they arrive)")
+    collectors: int = option(1, "collection workers (Ray actors when > 1; 1 runs in-process, no Ray)", ge=1)
+    collect: SyncOrAsync = option(
+        "sync", "sync (wait for every collector each update) or async (use fragments as they arrive)")
+    grad_workers: int = option(1, "gradient workers computing on shards of each batch (Ray actors when > 1)", ge=1)
+    grad: SyncOrAsync = option("sync", "sync (average gradients, equal to one process) or async (apply as they arrive)")
     ray_address: str | None = option(None, "join an existing Ray cluster (None: start a local one sized to the machine)")
-    max_restarts: int = option(10, "times a dead collector is restarted before the run fails")
+    max_restarts: int = option(10, "times a dead collector is restarted before the run fails", ge=0)
 
 
 @dataclass
 class TrainConfig:
     algo: str = option("ppo", "algorithm name (`corral list` shows them)")
-    env: EnvConfig = option(None, "environment", )
-    steps: int = option(100_000, "env steps to train for (summed over envs)")
-    seed: int = option(0, "seed for every random stream of the run")
+    env: EnvConfig = option(None, "environment")
+    steps: int = option(100_000, "env steps to train for (summed over envs)", ge=1)
+    seed: int = option(0, "seed for every random stream of the run", ge=0)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
-    threads: int = option(1, "torch CPU threads (small nets are fastest on one)")
+    threads: int = option(1, "torch CPU threads (small nets are fastest on one)", ge=1)
     stop_at_return: float | None = option(None, "stop when the mean training return of the last 20 episodes reaches this")
-    log_every: int = option(2048, "write metrics every this many env steps")
+    log_every: int = option(2048, "write metrics every this many env steps", ge=1)
     progress: bool = option(True, "show a progress bar")
     tensorboard: bool = option(True, "write TensorBoard events")
     eval: EvalConfig = option(None, "periodic evaluation")
@@ -127,6 +148,14 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         raise UserError(errors[0] if errors else f"{key}: bad value {value!r}")
     if tp is Any:
         return value
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value in choices and type(value) is type(choices[0]):
+            return value
+        names = [str(c) for c in choices]
+        nearest = difflib.get_close_matches(str(value), names, n=1, cutoff=0.0)
+        raise UserError(f"config {key}: {value!r} is not one of {', '.join(names)}"
+                        + (f"; did you mean {nearest[0]!r}?" if nearest else ""))
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -152,14 +181,67 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     raise UserError(f"config {key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
 
 
+def _range_text(bounds: dict, also: tuple) -> str:
+    lo = next(((k, v) for k, v in bounds.items() if k in ("ge", "gt")), None)
+    hi = next(((k, v) for k, v in bounds.items() if k in ("le", "lt")), None)
+    if lo and hi:
+        text = f"in {'[' if lo[0] == 'ge' else '('}{lo[1]:g}, {hi[1]:g}{']' if hi[0] == 'le' else ')'}"
+    else:
+        op, v = lo or hi
+        text = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[op] + f" {v:g}"
+    return text + (f" (or {', '.join(map(str, also))})" if also else "")
+
+
+def describe(f: dataclasses.Field) -> str:
+    """A field's help with its valid range, as ``corral list --options`` shows it."""
+    bounds = f.metadata.get("range")
+    text = f.metadata.get("help", "")
+    return f"{text} [{_range_text(bounds, f.metadata.get('also', ()))}]" if bounds else text
+
+
+def check_range(value: Any, f: dataclasses.Field, key: str) -> None:
+    """Raise a ``UserError`` when a number (or a tuple item) is outside field ``f``'s range."""
+    bounds, also = f.metadata.get("range"), f.metadata.get("also", ())
+    if not bounds or value is None:
+        return
+    for v in value if isinstance(value, (tuple, list)) else (value,):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v in also:
+            continue
+        ok = all({"ge": v >= b, "gt": v > b, "le": v <= b, "lt": v < b}[op] for op, b in bounds.items())
+        if not ok:  # NaN fails every comparison, so it lands here too
+            raise UserError(f"config {key}: {value!r} is out of range; it must be {_range_text(bounds, also)}")
+
+
+def check_config(cfg: Any, prefix: str = "") -> None:
+    """Check every leaf of a dataclass tree against its type and range (the defaults of a
+    newly written Config, say; values set through this module are checked as they come)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if f.name == "algo_cfg":
+            if v is not None:
+                check_config(v, f"{prefix}{cfg.algo}.")
+        elif dataclasses.is_dataclass(v):
+            check_config(v, f"{prefix}{f.name}.")
+        else:
+            check_range(coerce(v, hints[f.name], prefix + f.name), f, prefix + f.name)
+
+
 def update_from_dict(cfg: Any, data: dict, prefix: str = "") -> None:
-    """Apply a nested dict onto a dataclass tree, checking keys and types."""
+    """Apply a nested dict onto a dataclass tree, checking keys, types and ranges; a key
+    from another library resolves through ``ALIASES``."""
     hints = typing.get_type_hints(type(cfg))
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     for k, v in data.items():
-        key = f"{prefix}{k}"
         if k not in fields:
-            raise UserError(_unknown_key_message(key, all_keys(cfg, prefix)))
+            target = resolve_alias(k, cfg) or ""
+            if "." in target and target.startswith(prefix):  # a section's own key (env.num_envs in env:)
+                target = target[len(prefix):]
+            if target not in fields:
+                raise UserError(_unknown_key_message(prefix + k, all_keys(cfg, prefix), cfg))
+            _alias_note(prefix + k, prefix + target)
+            k = target
+        key = f"{prefix}{k}"
         cur = getattr(cfg, k)
         if dataclasses.is_dataclass(cur):
             if not isinstance(v, dict):
@@ -168,7 +250,9 @@ def update_from_dict(cfg: Any, data: dict, prefix: str = "") -> None:
         elif k == "kwargs" and isinstance(cur, dict) and isinstance(v, dict):
             cur.update(v)
         else:
-            setattr(cfg, k, coerce(v, hints[k], key))
+            value = coerce(v, hints[k], key)
+            check_range(value, fields[k], key)
+            setattr(cfg, k, value)
 
 
 def all_keys(cfg: Any, prefix: str = "") -> list[str]:
@@ -186,11 +270,95 @@ def all_keys(cfg: Any, prefix: str = "") -> list[str]:
     return keys
 
 
-def _unknown_key_message(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=3, cutoff=0.4)
-    if not close:  # also match on the last component ("lr" vs "ppo.lr")
-        leaf = key.rsplit(".", 1)[-1]
-        close = [k for k in valid if difflib.get_close_matches(leaf, [k.rsplit(".", 1)[-1]], cutoff=0.6)][:3]
+# ---------------------------------------------------------------------------
+# Keys from other libraries.
+
+# Stable-Baselines3 / RLlib key -> corral's. A string holds for every algorithm: a field
+# name (resolved like a bare --set key) or a dotted path. A dict picks by the algorithm's
+# Config class, the most specific one in its MRO that it lists; None there means corral has
+# no single key for it, and ALIAS_NOTES says what to set instead. Keys SB3 and corral
+# share (n_steps, n_epochs, ent_coef, vf_coef, gae_lambda, clip_range, buffer_size,
+# exploration_final_eps, ...) need no entry. docs/config.md has this table for users.
+_PPO = "PPOConfig"  # IMPALA's config is a PPOConfig too
+_REPLAY = "OffPolicyConfig"
+ALIASES: dict[str, str | dict[str, str | None]] = {
+    "learning_rate": "lr",
+    "grad_clip": "max_grad_norm",
+    "total_timesteps": "steps",
+    "n_envs": "env.num_envs",
+    "num_envs_per_env_runner": "env.num_envs",
+    "num_envs_per_worker": "env.num_envs",
+    "num_env_runners": "scheme.collectors",
+    "num_rollout_workers": "scheme.collectors",
+    "num_workers": "scheme.collectors",
+    "net_arch": "hidden",
+    "fcnet_hiddens": "hidden",
+    "fcnet_activation": "activation",
+    "num_sgd_iter": {_PPO: "n_epochs"},
+    "num_epochs": {_PPO: "n_epochs"},
+    "sgd_minibatch_size": {_PPO: "batch_size"},
+    "minibatch_size": {_PPO: "batch_size"},
+    "lambda": {_PPO: "gae_lambda"},
+    "lambda_": {_PPO: "gae_lambda"},
+    "clip_param": {_PPO: "clip_range"},
+    "vf_clip_param": {_PPO: "clip_range_vf"},
+    "entropy_coeff": {_PPO: "ent_coef"},
+    "vf_loss_coeff": {_PPO: "vf_coef"},
+    "kl_target": {_PPO: None},
+    "vtrace_clip_rho_threshold": {"IMPALAConfig": "rho_bar"},
+    "rollout_fragment_length": {_PPO: "n_steps", "ApexDQNConfig": "rollout_fragment",
+                                "ApexTD3Config": "rollout_fragment", _REPLAY: None},
+    "train_batch_size": {_PPO: None, _REPLAY: "batch_size"},
+    "target_network_update_freq": {_REPLAY: "target_update_interval"},
+    "num_steps_sampled_before_learning_starts": {_REPLAY: "learning_starts"},
+    "double_q": {"DQNConfig": "double"},
+    "initial_epsilon": {"DQNConfig": "exploration_initial_eps"},
+    "final_epsilon": {"DQNConfig": "exploration_final_eps"},
+    "target_policy_noise": {"TD3Config": "target_noise"},
+}
+ALIAS_NOTES = {
+    "train_batch_size": "RLlib's train_batch_size is the rollout size; corral's is n_steps * env.num_envs "
+                        "(per collector): set n_steps",
+    "kl_target": "RLlib's kl_target steers an adaptive KL penalty, which corral does not have; the nearest is "
+                 "target_kl (stop an update's epochs early)",
+    "rollout_fragment_length": "replay algorithms other than Ape-X send every step to the replay: "
+                               "the fragment length is not a setting",
+}
+
+
+def resolve_alias(name: str, algo_cfg: Any) -> str | None:
+    """corral's key for another library's ``name`` under this algorithm config, or None."""
+    entry = ALIASES.get(name)
+    if not isinstance(entry, dict):
+        return entry
+    for cls in type(algo_cfg).__mro__:
+        if cls.__name__ in entry:
+            return entry[cls.__name__]
+    return None
+
+
+def _alias_note(given: str, key: str) -> None:
+    print(f"corral: note: {given!r} is {key!r} in corral", file=sys.stderr)
+
+
+def _unknown_key_message(key: str, valid: list[str], algo_cfg: Any = None) -> str:
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf in ALIASES and resolve_alias(leaf, algo_cfg) is None:
+        note = ALIAS_NOTES.get(leaf, f"{leaf!r} is another library's name with no counterpart here")
+        return f"unknown config key {key!r}: {note}; `corral list --options ALGO` shows every key"
+
+    def score(k: str) -> float:
+        # The whole key, or only its last part ("lr" vs "ppo.lr")
+        return max(difflib.SequenceMatcher(None, key, k).ratio(),
+                   difflib.SequenceMatcher(None, leaf, k.rsplit(".", 1)[-1]).ratio())
+
+    scored = {k: score(k) for k in valid}
+    for alias in difflib.get_close_matches(leaf, list(ALIASES), n=3, cutoff=0.75):  # a misspelt alias
+        target = resolve_alias(alias, algo_cfg)
+        for k in valid:
+            if target and (k == target or k.endswith("." + target)):
+                scored[k] = max(scored[k], difflib.SequenceMatcher(None, leaf, alias).ratio())
+    close = [k for k in sorted(scored, key=scored.get, reverse=True) if scored[k] >= 0.6][:3]
     hint = f"; nearest valid keys: {', '.join(close)}" if close else "; `corral list --options ALGO` shows every key"
     return f"unknown config key {key!r}{hint}"
 
@@ -216,21 +384,41 @@ def parse_set(items: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
+def resolve_key(cfg: TrainConfig, key: str, valid: list[str] | None = None) -> str:
+    """The dotted path ``key`` names: itself, a bare field name, or another library's name."""
+    valid = all_keys(cfg) if valid is None else valid
+    if key in valid or key.startswith("env.kwargs."):
+        return key
+    path = _bare_key(cfg, key, valid)
+    section, _, leaf = key.rpartition(".")
+    target = resolve_alias(leaf, cfg.algo_cfg)
+    if path is None and target is not None:
+        if "." in target:
+            path = target if target in valid else None
+        elif section:
+            path = f"{section}.{target}" if f"{section}.{target}" in valid else None
+        else:
+            path = _bare_key(cfg, target, valid)
+        if path is not None:
+            _alias_note(key, path)
+    if path is None:
+        raise UserError(_unknown_key_message(key, valid, cfg.algo_cfg))
+    return path
+
+
+def _bare_key(cfg: TrainConfig, name: str, valid: list[str]) -> str | None:
+    """A bare name resolves when exactly one leaf has it (algorithm fields first)."""
+    matches = [k for k in valid if k.rsplit(".", 1)[-1] == name]
+    algo_matches = [k for k in matches if k.startswith(cfg.algo + ".")]
+    if len(algo_matches) == 1:
+        return algo_matches[0]
+    return matches[0] if len(matches) == 1 else None
+
+
 def apply_set(cfg: TrainConfig, pairs: list[tuple[str, Any]]) -> None:
     valid = all_keys(cfg)
     for key, value in pairs:
-        path = key
-        if path not in valid and not path.startswith("env.kwargs."):
-            # A bare name resolves when exactly one leaf has it (algorithm fields first).
-            matches = [k for k in valid if k.rsplit(".", 1)[-1] == key]
-            algo_matches = [k for k in matches if k.startswith(cfg.algo + ".")]
-            if len(algo_matches) == 1:
-                path = algo_matches[0]
-            elif len(matches) == 1:
-                path = matches[0]
-            else:
-                raise UserError(_unknown_key_message(key, valid))
-        parts = path.split(".")
+        parts = resolve_key(cfg, key, valid).split(".")
         target, prefix = cfg, ""
         if parts[0] == cfg.algo and cfg.algo_cfg is not None:
             target, prefix, parts = cfg.algo_cfg, cfg.algo + ".", parts[1:]

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from corral import config as C
 from corral.algos.ppo import PPO, STAT_NAMES, PPOConfig, ppo_schedules
 from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
@@ -279,9 +280,9 @@ def ondevice_config(env_id: str, steps: int | None = None, num_envs: int | None 
     unknown = sorted(set(preset) - fields)
     if unknown:
         raise UserError(f"unknown PPO option(s) {', '.join(unknown)}; see `corral list --options ppo`")
-    if "hidden" in preset:
-        preset["hidden"] = tuple(preset["hidden"])
-    return replace(PPOConfig(), **preset), n, total
+    cfg = PPOConfig()
+    C.update_from_dict(cfg, preset, "ppo.")  # the types, choices and ranges every run's config gets
+    return cfg, n, total
 
 
 def train_ondevice(algo: str = "ppo", env_id: str = "native:CartPole-v1", num_envs: int | None = None,
@@ -298,7 +299,6 @@ def train_ondevice(algo: str = "ppo", env_id: str = "native:CartPole-v1", num_en
     Returns ``{"summary", "actor", "agent", "trainer"}``; the agent evaluates, saves and
     loads like any corral agent.
     """
-    from corral import config as C
     from corral.agent import Agent
     from corral.envs.native import make_native
     from corral.train.setup import resolve_device

@@ -57,6 +57,11 @@ def test_eval_resume_plot_and_list_on_a_run(tmp_path, capsys):
     (["train", "ppo", "CartPol-v1"], "unknown env 'CartPol-v1'; did you mean CartPole-v1"),
     (["train", "ppo", "CartPole-v1", "--set", "ppo.lrr=1"], "nearest valid keys: ppo.lr"),
     (["train", "ppo", "CartPole-v1", "--set", "ppo.n_epochs=two"], "ppo.n_epochs: expected int"),
+    (["train", "ppo", "CartPole-v1", "--set", "ppo.n_epochs=-3"], "ppo.n_epochs: -3 is out of range; it must be >= 1"),
+    (["train", "ppo", "CartPole-v1", "--set", "gamma=1.5"], "ppo.gamma: 1.5 is out of range; it must be in [0, 1]"),
+    (["train", "ppo", "CartPole-v1", "--set", "env.backend=subprocess"], "did you mean 'subproc'?"),
+    (["train", "ppo", "CartPole-v1", "--set", "learnig_rate=1"], "nearest valid keys: ppo.lr"),
+    (["train", "ppo", "CartPole-v1", "--steps", "0"], "config steps: 0 is out of range"),
     (["train", "ppo", "CartPole-v1", "--device", "cuda:7"], "no GPU is visible"),
     (["eval", "does/not/exist"], "does not exist"),
     (["resume", "does/not/exist"], "has no checkpoints/latest.pt"),
@@ -127,3 +132,33 @@ def test_training_stops_once_a_periodic_evaluation_reaches_the_bar(tmp_path, cap
     assert summary["stopped_early"] and summary["env_steps"] < 60000
     assert evals[first][0] == summary["env_steps"]  # stopped at the first evaluation to reach it
     assert len(evals) == first + 2  # then only the final evaluation
+
+
+def test_list_options_shows_ranges(capsys):
+    rc, out, _ = run(capsys, "list", "--options", "ppo")
+    assert rc == 0
+    assert any(line.split()[0] == "ppo.gamma" and line.endswith("[in [0, 1]]") for line in out.splitlines())
+
+
+def test_a_closed_pipe_ends_list_quietly():
+    """`corral list --options ppo | head -1`: the reader is gone before corral writes (a pipe
+    closed at once, so the test does not race head), and corral exits without a traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "corral.cli", "list", "--options", "ppo"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))},
+    )
+    proc.stdout.close()
+    err = proc.stderr.read()
+    rc = proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert rc == 141
+
+
+def test_list_piped_into_head_prints_its_first_line():
+    proc = subprocess.run(
+        f"{sys.executable} -m corral.cli list --options ppo | head -1", shell=True, capture_output=True, text=True,
+        timeout=60, check=False, env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))},
+    )
+    assert proc.stdout.split()[:2] == ["algo", "ppo"]
+    assert "Traceback" not in proc.stderr, proc.stderr

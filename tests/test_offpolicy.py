@@ -14,7 +14,6 @@ from corral.algos.base import Step
 import corral
 from corral.algos import get_algo
 from corral.cli import main
-from corral.errors import UserError
 from corral.rng import RNGStreams
 from corral.train.learner import Learner
 from corral.train.setup import build_config

@@ -7,7 +7,7 @@ import torch
 from corral.algos.base import Step
 from torch.distributions import Categorical, Normal
 
-from corral.actors.actor_critic import ActionScaler, ActorCritic
+from corral.actors.actor_critic import ActionScaler
 from corral.algos.ppo import PPO, PPOConfig
 from corral.nets import CategoricalHead, DiagGaussianHead
 from corral.rng import RNGStreams

@@ -107,16 +107,17 @@ class ApexMixin:
 
 @dataclass
 class ApexDQNConfig(DQNConfig):
-    rollout_fragment: int = option(64, "env steps per env in a fragment sent to the replay")
-    prefetch: int = option(16, "batches the learner draws from the replay server per request (staler priorities)")
-    eps_base: float = option(0.4, "epsilon ladder: eps_i = eps_base ** (1 + eps_alpha * i / (envs - 1))")
-    eps_alpha: float = option(7.0, "epsilon ladder exponent range")
+    rollout_fragment: int = option(64, "env steps per env in a fragment sent to the replay", ge=1)
+    prefetch: int = option(16, "batches the learner draws from the replay server per request (staler priorities)", ge=1)
+    eps_base: float = option(0.4, "epsilon ladder: eps_i = eps_base ** (1 + eps_alpha * i / (envs - 1))",
+                             ge=0, le=1)
+    eps_alpha: float = option(7.0, "epsilon ladder exponent range", ge=0)
     prioritized: bool = option(True, "prioritized replay (proportional, sum-tree)")
     double: bool = option(True, "Double DQN targets")
     dueling: bool = option(True, "dueling head")
-    n_step: int = option(3, "n-step returns")
+    n_step: int = option(3, "n-step returns", ge=1)
     target_update_interval: int = option(2500, "update the target network every this many gradient steps "
-                                                "(at the end of the update that reaches them)")
+                                                "(at the end of the update that reaches them)", ge=1)
 
 
 class ApexDQN(ApexMixin, DQN):
@@ -150,10 +151,10 @@ class ApexDQN(ApexMixin, DQN):
 
 @dataclass
 class ApexTD3Config(TD3Config):
-    rollout_fragment: int = option(64, "env steps per env in a fragment sent to the replay")
-    prefetch: int = option(16, "batches the learner draws from the replay server per request (staler priorities)")
-    noise_max: float = option(0.5, "Gaussian noise ladder: the largest std (unit action scale)")
-    noise_min: float = option(0.05, "Gaussian noise ladder: the smallest std")
+    rollout_fragment: int = option(64, "env steps per env in a fragment sent to the replay", ge=1)
+    prefetch: int = option(16, "batches the learner draws from the replay server per request (staler priorities)", ge=1)
+    noise_max: float = option(0.5, "Gaussian noise ladder: the largest std (unit action scale)", ge=0)
+    noise_min: float = option(0.05, "Gaussian noise ladder: the smallest std", ge=0)
     prioritized: bool = option(True, "prioritized replay (proportional, sum-tree)")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -23,18 +24,18 @@ from corral.errors import UserError
 class DQNConfig(OffPolicyConfig):
     double: bool = option(False, "Double DQN: the online net picks the next action, the target net scores it")
     dueling: bool = option(False, "dueling head: Q = V + A - mean(A)")
-    loss: str = option("huber", "TD loss: huber (smooth L1) or mse")
-    exploration_fraction: float = option(0.1, "fraction of the run over which epsilon decays")
-    exploration_initial_eps: float = option(1.0, "epsilon at the start")
-    exploration_final_eps: float = option(0.05, "epsilon after the decay")
+    loss: Literal["huber", "mse"] = option("huber", "TD loss: huber (smooth L1) or mse")
+    exploration_fraction: float = option(0.1, "fraction of the run over which epsilon decays", ge=0, le=1)
+    exploration_initial_eps: float = option(1.0, "epsilon at the start", ge=0, le=1)
+    exploration_final_eps: float = option(0.05, "epsilon after the decay", ge=0, le=1)
     # DQN's classic cadence: hard target copies, sparse updates
-    tau: float = option(1.0, "Polyak coefficient for the target network (1.0: hard copy)")
-    target_update_interval: int = option(10_000, "update the target network every this many env steps")
-    train_freq: int = option(4, "update every this many vector steps")
-    learning_starts: int = option(1000, "env steps collected before the first update")
-    batch_size: int = option(32, "transitions per gradient step")
-    lr: float = option(1e-4, "Adam learning rate")
-    max_grad_norm: float | None = option(10.0, "global gradient norm clip (None: off)")
+    tau: float = option(1.0, "Polyak coefficient for the target network (1.0: hard copy)", gt=0, le=1)
+    target_update_interval: int = option(10_000, "update the target network every this many env steps", ge=1)
+    train_freq: int = option(4, "update every this many vector steps", ge=1)
+    learning_starts: int = option(1000, "env steps collected before the first update", ge=0)
+    batch_size: int = option(32, "transitions per gradient step", ge=1)
+    lr: float = option(1e-4, "Adam learning rate", gt=0)
+    max_grad_norm: float | None = option(10.0, "global gradient norm clip (None: off)", gt=0)
 
 
 class DQN(OffPolicy):
@@ -48,8 +49,6 @@ class DQN(OffPolicy):
 
         if not isinstance(act_space, gym.spaces.Discrete):
             raise UserError(f"dqn needs a Discrete action space, got {act_space}; use sac, td3 or ddpg for Box actions")
-        if cfg.loss not in ("huber", "mse"):
-            raise UserError(f"dqn.loss must be 'huber' or 'mse', got {cfg.loss!r}")
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
         self.actor = self._build(lambda: self.make_q_network().to(device))
         self.target = copy.deepcopy(self.actor).requires_grad_(False)

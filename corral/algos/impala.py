@@ -27,14 +27,14 @@ from corral.returns import rollout_next_values, vtrace
 
 @dataclass
 class IMPALAConfig(PPOConfig):
-    n_steps: int = option(32, "unroll length: env steps per env in a fragment")
-    batch_size: int = option(0, "transitions per minibatch, whole env columns (0: the whole batch)")
-    n_epochs: int = option(1, "passes over each batch (IMPALA: 1; APPO: more)")
-    lr: float = option(5e-4, "Adam learning rate")
-    ent_coef: float = option(0.01, "entropy bonus coefficient")
-    max_grad_norm: float = option(40.0, "global gradient norm clip")
-    rho_bar: float = option(1.0, "V-trace clip of the importance weight in the TD error (rho-bar)")
-    c_bar: float = option(1.0, "V-trace clip of the trace coefficients (c-bar)")
+    n_steps: int = option(32, "unroll length: env steps per env in a fragment", ge=1)
+    batch_size: int = option(0, "transitions per minibatch, whole env columns (0: the whole batch)", ge=0)
+    n_epochs: int = option(1, "passes over each batch (IMPALA: 1; APPO: more)", ge=1)
+    lr: float = option(5e-4, "Adam learning rate", gt=0)
+    ent_coef: float = option(0.01, "entropy bonus coefficient", ge=0)
+    max_grad_norm: float = option(40.0, "global gradient norm clip", gt=0)
+    rho_bar: float = option(1.0, "V-trace clip of the importance weight in the TD error (rho-bar)", gt=0)
+    c_bar: float = option(1.0, "V-trace clip of the trace coefficients (c-bar)", gt=0)
     surrogate: bool = option(False, "APPO: PPO's clipped surrogate (clip_range) on the V-trace advantages")
     normalize_advantage: bool = option(False, "normalize the V-trace policy-gradient advantages per minibatch")
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from corral.algos.base import Algorithm, Step
-from corral.config import option
+from corral.config import Activation, option
 from corral.errors import TrainingError, UserError
 from corral.optim import FlatAdam
 from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer, ReplayCapacityError
@@ -40,25 +40,28 @@ def drive(phases, step) -> Any:
 
 @dataclass
 class OffPolicyConfig:
-    buffer_size: int = option(1_000_000, "replay capacity in transitions (all envs together)")
-    learning_starts: int = option(100, "env steps collected before the first update")
-    batch_size: int = option(256, "transitions per gradient step")
-    train_freq: int = option(1, "update every this many vector steps")
-    gradient_steps: int = option(1, "gradient steps per update (-1: as many as vector steps since the last)")
-    gamma: float = option(0.99, "discount factor")
-    tau: float = option(0.005, "Polyak coefficient for target networks (1.0: hard copy)")
-    target_update_interval: int = option(1, "target network updates: every this many env steps (DQN) or gradient steps (SAC)")
-    lr: float = option(3e-4, "Adam learning rate")
-    hidden: tuple[int, ...] = option((256, 256), "hidden layer sizes")
-    activation: str = option("relu", "hidden activation: relu, tanh, elu, silu")
+    buffer_size: int = option(1_000_000, "replay capacity in transitions (all envs together)", ge=1)
+    learning_starts: int = option(100, "env steps collected before the first update", ge=0)
+    batch_size: int = option(256, "transitions per gradient step", ge=1)
+    train_freq: int = option(1, "update every this many vector steps", ge=1)
+    gradient_steps: int = option(1, "gradient steps per update (-1: as many as vector steps since the last)",
+                                 ge=1, also=(-1,))
+    gamma: float = option(0.99, "discount factor", ge=0, le=1)
+    tau: float = option(0.005, "Polyak coefficient for target networks (1.0: hard copy)", gt=0, le=1)
+    target_update_interval: int = option(1, "target network updates: every this many env steps (DQN) or gradient steps (SAC)",
+                                         ge=1)
+    lr: float = option(3e-4, "Adam learning rate", gt=0)
+    hidden: tuple[int, ...] = option((256, 256), "hidden layer sizes", ge=1)
+    activation: Activation = option("relu", "hidden activation: relu, tanh, elu, silu")
     normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
-    n_step: int = option(1, "n-step returns (stop at termination, bootstrap at truncation)")
+    n_step: int = option(1, "n-step returns (stop at termination, bootstrap at truncation)", ge=1)
     prioritized: bool = option(False, "prioritized replay (proportional, sum-tree)")
-    per_alpha: float = option(0.6, "prioritization exponent alpha")
-    per_beta: float = option(0.4, "initial importance-sampling exponent beta")
-    per_beta_final: float = option(1.0, "beta at the end of the run, reached linearly (Ape-X keeps 0.4: set both)")
-    per_eps: float = option(1e-6, "priority floor added to |TD error|")
-    max_grad_norm: float | None = option(None, "global gradient norm clip (None: off)")
+    per_alpha: float = option(0.6, "prioritization exponent alpha", ge=0)
+    per_beta: float = option(0.4, "initial importance-sampling exponent beta", ge=0, le=1)
+    per_beta_final: float = option(1.0, "beta at the end of the run, reached linearly (Ape-X keeps 0.4: set both)",
+                                   ge=0, le=1)
+    per_eps: float = option(1e-6, "priority floor added to |TD error|", gt=0)
+    max_grad_norm: float | None = option(None, "global gradient norm clip (None: off)", gt=0)
     save_replay: bool = option(True, "write the replay buffer into checkpoints (exact resume)")
 
 

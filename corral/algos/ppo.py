@@ -20,7 +20,7 @@ from corral.actors.normalizer import RunningNormalizer
 from corral.nets import CategoricalHead
 from corral.algos.base import Algorithm, Step
 from corral.optim import FlatAdam
-from corral.config import option
+from corral.config import Activation, Schedule, option
 from corral.errors import TrainingError, UserError
 from corral.returns import gae, rollout_next_values
 from corral.storage.rollout import RolloutStorage
@@ -28,28 +28,28 @@ from corral.storage.rollout import RolloutStorage
 
 @dataclass
 class PPOConfig:
-    n_steps: int = option(128, "env steps per env per rollout")
-    batch_size: int = option(64, "minibatch size (rollout size n_steps*num_envs is split into these)")
-    n_epochs: int = option(10, "passes over each rollout")
-    lr: float = option(3e-4, "Adam learning rate")
-    lr_schedule: str = option("constant", "constant, or linear (anneal to 0 over the run)")
-    gamma: float = option(0.99, "discount factor")
-    gae_lambda: float = option(0.95, "GAE lambda")
-    clip_range: float = option(0.2, "surrogate clip range epsilon")
-    clip_schedule: str = option("constant", "constant, or linear (anneal to 0 over the run)")
-    clip_range_vf: float | None = option(None, "value clipping range (None: no value clipping)")
+    n_steps: int = option(128, "env steps per env per rollout", ge=1)
+    batch_size: int = option(64, "minibatch size (rollout size n_steps*num_envs is split into these)", ge=1)
+    n_epochs: int = option(10, "passes over each rollout", ge=1)
+    lr: float = option(3e-4, "Adam learning rate", gt=0)
+    lr_schedule: Schedule = option("constant", "constant, or linear (anneal to 0 over the run)")
+    gamma: float = option(0.99, "discount factor", ge=0, le=1)
+    gae_lambda: float = option(0.95, "GAE lambda", ge=0, le=1)
+    clip_range: float = option(0.2, "surrogate clip range epsilon", gt=0)
+    clip_schedule: Schedule = option("constant", "constant, or linear (anneal to 0 over the run)")
+    clip_range_vf: float | None = option(None, "value clipping range (None: no value clipping)", gt=0)
     normalize_advantage: bool = option(True, "normalize advantages per minibatch")
-    ent_coef: float = option(0.0, "entropy bonus coefficient")
-    vf_coef: float = option(0.5, "value loss coefficient")
-    max_grad_norm: float = option(0.5, "global gradient norm clip")
-    target_kl: float | None = option(None, "stop the epochs early when approx KL exceeds 1.5x this")
-    adam_eps: float = option(1e-5, "Adam epsilon")
-    hidden: tuple[int, ...] = option((64, 64), "hidden layer sizes of the policy and value MLPs")
-    activation: str = option("tanh", "hidden activation: tanh, relu, elu, silu")
+    ent_coef: float = option(0.0, "entropy bonus coefficient", ge=0)
+    vf_coef: float = option(0.5, "value loss coefficient", ge=0)
+    max_grad_norm: float = option(0.5, "global gradient norm clip", gt=0)
+    target_kl: float | None = option(None, "stop the epochs early when approx KL exceeds 1.5x this", gt=0)
+    adam_eps: float = option(1e-5, "Adam epsilon", gt=0)
+    hidden: tuple[int, ...] = option((64, 64), "hidden layer sizes of the policy and value MLPs", ge=1)
+    activation: Activation = option("tanh", "hidden activation: tanh, relu, elu, silu")
     log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions)")
     normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
     normalize_reward: bool = option(False, "scale rewards by the running std of the discounted return")
-    reward_clip: float = option(10.0, "clip scaled rewards to +-this (with normalize_reward)")
+    reward_clip: float = option(10.0, "clip scaled rewards to +-this (with normalize_reward)", gt=0)
 
 
 STAT_NAMES = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
@@ -210,8 +210,6 @@ class PPO(Algorithm):
 
     def __init__(self, cfg: PPOConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
-        if cfg.lr_schedule not in ("constant", "linear") or cfg.clip_schedule not in ("constant", "linear"):
-            raise UserError("ppo.lr_schedule and ppo.clip_schedule must be 'constant' or 'linear'")
         rollout = cfg.n_steps * num_envs
         if self.stores and cfg.batch_size > rollout:
             raise UserError(

@@ -20,12 +20,12 @@ from corral.optim import FlatAdam
 
 @dataclass
 class SACConfig(OffPolicyConfig):
-    n_critics: int = option(2, "critics; targets use the min over them")
-    ent_coef: float | None = option(None, "fixed entropy coefficient alpha (None: tuned automatically)")
-    ent_coef_init: float = option(1.0, "initial alpha when tuned")
+    n_critics: int = option(2, "critics; targets use the min over them", ge=1)
+    ent_coef: float | None = option(None, "fixed entropy coefficient alpha (None: tuned automatically)", ge=0)
+    ent_coef_init: float = option(1.0, "initial alpha when tuned", gt=0)
     target_entropy: float | None = option(None, "entropy target (None: -action_dim)")
-    actor_lr: float | None = option(None, "actor and alpha learning rate (None: same as lr)")
-    policy_delay: int = option(1, "actor updates every this many critic updates")
+    actor_lr: float | None = option(None, "actor and alpha learning rate (None: same as lr)", gt=0)
+    policy_delay: int = option(1, "actor updates every this many critic updates", ge=1)
 
 
 class SAC(OffPolicy):

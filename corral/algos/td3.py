@@ -22,13 +22,13 @@ from corral.errors import UserError
 
 @dataclass
 class TD3Config(OffPolicyConfig):
-    n_critics: int = option(2, "critics; targets use the min over them (1 for DDPG)")
-    policy_delay: int = option(2, "actor and target updates every this many critic updates")
-    target_noise: float = option(0.2, "std of the smoothing noise on target actions (unit action scale)")
-    target_noise_clip: float = option(0.5, "clip of the smoothing noise")
-    exploration_noise: float = option(0.1, "std of the Gaussian exploration noise (unit action scale)")
-    actor_lr: float | None = option(None, "actor learning rate (None: same as lr)")
-    learning_starts: int = option(10_000, "env steps collected before the first update")
+    n_critics: int = option(2, "critics; targets use the min over them (1 for DDPG)", ge=1)
+    policy_delay: int = option(2, "actor and target updates every this many critic updates", ge=1)
+    target_noise: float = option(0.2, "std of the smoothing noise on target actions (unit action scale)", ge=0)
+    target_noise_clip: float = option(0.5, "clip of the smoothing noise", ge=0)
+    exploration_noise: float = option(0.1, "std of the Gaussian exploration noise (unit action scale)", ge=0)
+    actor_lr: float | None = option(None, "actor learning rate (None: same as lr)", gt=0)
+    learning_starts: int = option(10_000, "env steps collected before the first update", ge=0)
 
 
 class TD3(OffPolicy):

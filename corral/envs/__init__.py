@@ -1,8 +1,10 @@
 """Env layer: making envs from what a user names, and vector backends with one contract."""
 
 from corral.envs.base import EnvError, VecEnv
+from corral.envs.host import HostVecEnv
 from corral.envs.make import env_name, make_factory, register
-from corral.envs.vector import BACKENDS, HostVecEnv, SyncVecEnv, make_vec_env
+from corral.envs.sync import SyncVecEnv
+from corral.envs.vec import BACKENDS, make_vec_env
 
 __all__ = [
     "BACKENDS",

@@ -24,7 +24,7 @@ import torch
 
 from corral.envs.base import EnvError
 from corral.envs.make import check_env, env_name
-from corral.envs.vector import HostVecEnv, tree_to_torch
+from corral.envs.host import HostVecEnv, tree_to_torch
 from corral.errors import UserError
 
 

@@ -4,7 +4,7 @@
 per worker process over a slice. Same-step autoreset, final observations, episode
 statistics, restarts after a crash and env state capture all live here, so the
 backends agree by construction. It works in numpy and Python values only, writing into
-arrays its caller owns; the front end (:class:`corral.envs.vector.HostVecEnv`) makes the
+arrays its caller owns; the front end (:class:`corral.envs.host.HostVecEnv`) makes the
 torch tensors.
 """
 

@@ -32,7 +32,7 @@ from corral.envs.spaces import flatten_parts
 from corral.envs.base import EnvError
 from corral.envs.group import EnvGroup
 from corral.envs.make import EnvFactory, check_env
-from corral.envs.vector import HostVecEnv, tree_to_numpy, tree_to_torch
+from corral.envs.host import HostVecEnv, tree_to_numpy, tree_to_torch
 
 _CTYPES = {"float32": "f", "float64": "d", "uint8": "B", "int8": "b", "int16": "h", "uint16": "H",
            "int32": "i", "uint32": "I", "int64": "q", "uint64": "Q", "bool": "B"}
@@ -149,7 +149,7 @@ def _shutdown(procs: list, conns: list) -> None:
 class SubprocVecEnv(HostVecEnv):
     """N envs in ``num_workers`` worker processes (default: one per CPU core, at most N).
 
-    Same semantics and options as :class:`~corral.envs.vector.SyncVecEnv`; its
+    Same semantics and options as :class:`~corral.envs.sync.SyncVecEnv`; its
     ``state_dict`` has the same layout, so a checkpoint moves between the two.
     ``start_method``: ``"fork"`` (default on Linux: starts in milliseconds),
     ``"forkserver"`` or ``"spawn"`` (each worker imports corral again).

@@ -94,13 +94,6 @@ class FragmentScheme:
     def __init__(self, learner):
         self.learner = learner
         sc = learner.cfg.scheme
-        if sc.collect not in ("sync", "async"):
-            raise UserError(f"scheme.collect must be 'sync' or 'async', got {sc.collect!r}")
-        if sc.grad not in ("sync", "async"):
-            raise UserError(f"scheme.grad must be 'sync' or 'async', got {sc.grad!r}")
-        if sc.collectors < 1 or sc.grad_workers < 1:
-            raise UserError(f"scheme.collectors and scheme.grad_workers must be >= 1, got "
-                            f"{sc.collectors} and {sc.grad_workers}")
         self.sc = sc
         self.K = sc.collectors
         self.T = learner.algo.fragment_length()

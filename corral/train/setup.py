@@ -26,8 +26,6 @@ def make_env(cfg: C.TrainConfig, spec: Any = None, device: Any = "cpu", num_envs
              evaluation: bool = False):
     """The run's vector env from its config (evaluation: no episodic life, no reward clipping)."""
     ec = cfg.env
-    if ec.on_error not in ("raise", "restart"):
-        raise UserError(f"env.on_error must be 'raise' or 'restart', got {ec.on_error!r}")
     atari = ("eval" if evaluation else True) if ec.atari_wrappers else False
     return make_vec_env(spec if spec is not None else ec.id, num_envs or ec.num_envs, ec.kwargs, device, ec.backend,
                         atari_wrappers=atari, strict=ec.strict, on_error=ec.on_error)
@@ -103,8 +101,6 @@ def build_config(
     if overrides:
         C.apply_set(cfg, list(overrides.items()))
     C.apply_set(cfg, C.parse_set(list(sets)))
-    if cfg.steps <= 0:
-        raise UserError(f"steps must be positive, got {cfg.steps}")
     return cfg
 
 

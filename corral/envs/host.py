@@ -1,7 +1,7 @@
 """Host vector envs (Gymnasium envs stepped on the CPU), torch in and out.
 
 Follows the contract in :mod:`corral.envs.base`. ``HostVecEnv`` is the front end
-shared by the in-process (``SyncVecEnv``), subprocess and EnvPool backends: action
+shared by the in-process (:mod:`corral.envs.sync`), subprocess and EnvPool backends: action
 checks (shape, dtype, bounds), finite checks, and turning numpy results into torch.
 The envs themselves are stepped by :class:`corral.envs.group.EnvGroup` (in this
 process or in workers) or by EnvPool.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -33,10 +32,7 @@ import numpy as np
 import torch
 
 from corral.envs.base import EnvError
-from corral.envs.group import EnvGroup, Ended, obs_dtype
-from corral.envs.make import EnvFactory, check_env
-
-BACKENDS = ("sync", "subproc", "envpool", "native")
+from corral.envs.group import Ended, obs_dtype
 
 
 def tree_to_torch(x: Any) -> Any:
@@ -386,123 +382,3 @@ class HostVecEnv:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.env_id!r}, num_envs={self.num_envs})"
-
-
-class SyncVecEnv(HostVecEnv):
-    """N envs in this process. See :mod:`corral.envs.base` for the semantics.
-
-    ``strict``: reject out-of-bounds Box actions instead of clipping and counting them.
-    ``on_error``: ``"raise"`` (an ``EnvError`` naming env, index and step) or
-    ``"restart"`` (rebuild the env from its factory, drop the broken episode, count it
-    in ``restarts`` and go on).
-    """
-
-    def __init__(
-        self,
-        factories: Sequence[EnvFactory],
-        env_id: str = "env",
-        device: str | torch.device = "cpu",
-        check_finite: bool = True,
-        strict: bool = False,
-        on_error: str = "raise",
-        max_restarts: int = 100,
-    ):
-        self.group = EnvGroup(factories, env_id, 0, on_error, max_restarts)
-        first = self.group.envs[0]
-        check_env(first, env_id)
-        self._init_front(len(self.group.envs), first.observation_space, first.action_space, env_id, device,
-                         check_finite, strict)
-        self.copyable = self.group.copyable
-        self._restart_messages = self.group.messages  # the group appends, step() warns and clears
-
-    @property
-    def envs(self) -> list[gym.Env]:
-        return self.group.envs
-
-    @property
-    def restarts(self) -> int:
-        return self.group.restarts
-
-    def _reset_arrays(self, seed):
-        return self.group.reset(seed)
-
-    def _step(self, acts):
-        return self.group.step(acts, self.steps)
-
-    def state_dict(self) -> dict[str, Any]:
-        g = self.group.get_state()
-        state: dict[str, Any] = {"copyable": self.copyable, "steps": self.steps, "ep_ret": g["ep_ret"], "ep_len": g["ep_len"]}
-        if "envs" in g:
-            state["envs"] = g["envs"]
-        return tree_to_torch(state)
-
-    def load_state_dict(self, state: dict[str, Any]) -> bool:
-        """Restore; returns True when env internals were restored (episodes continue)."""
-        self.steps = int(state.get("steps", 0))
-        if not (state.get("copyable") and self.copyable):
-            return False
-        return self.group.set_state(tree_to_numpy(state))
-
-    def close(self) -> None:
-        self.group.close()
-
-
-def make_vec_env(
-    spec: Any,
-    num_envs: int,
-    kwargs: dict | None = None,
-    device: str | torch.device = "cpu",
-    backend: str = "sync",
-    *,
-    atari_wrappers: Any = True,
-    strict: bool = False,
-    on_error: str = "raise",
-    max_restarts: int = 100,
-    num_workers: int | None = None,
-    check_finite: bool = True,
-) -> HostVecEnv:
-    """Build N envs for ``spec`` on ``backend``; the one entry point every caller uses.
-
-    ``backend``: ``"sync"`` (in this process), ``"subproc"`` (worker processes, each
-    stepping a slice of the envs; ``num_workers`` of them, default one per CPU core up
-    to N), ``"envpool"`` (EnvPool's C++ thread pool, for the ids it knows) or
-    ``"native"`` (torch-batched classic control). Every backend follows
-    :mod:`corral.envs.base`.
-
-    ``atari_wrappers``: for ALE ids, ``True`` applies the training preprocessing (no-op
-    reset, frame skip 4 with max-pool, 84x84 gray, frame stack 4, episodic life, reward
-    clipping, fire on reset), ``"eval"`` the same without episodic life and clipping,
-    a dict overrides single options (see :class:`corral.envs.atari.AtariOptions`),
-    ``False`` none. ``info["episode_return"]`` is always the raw game score.
-
-    ``strict``: reject out-of-bounds Box actions (default: clip them and count them in
-    ``env.out_of_bounds_actions``). ``on_error``: ``"raise"`` or ``"restart"`` an env that
-    raises (at most ``max_restarts`` times per env; counted in ``env.restarts``).
-    """
-    from corral.envs.make import env_name, make_factory
-    from corral.errors import UserError
-
-    if num_envs < 1:
-        raise UserError(f"env.num_envs must be >= 1, got {num_envs}")
-    if on_error not in ("raise", "restart"):
-        raise UserError(f"on_error must be 'raise' or 'restart', got {on_error!r}")
-    name = env_name(spec)
-    if isinstance(spec, str) and (spec.startswith("native:") or backend == "native"):
-        from corral.envs.native import make_native
-
-        return make_native(spec, num_envs, device=device)
-    if backend == "envpool":
-        from corral.envs.envpool_backend import EnvPoolVecEnv
-
-        return EnvPoolVecEnv(spec, num_envs, kwargs, device=device, atari_wrappers=atari_wrappers, strict=strict,
-                             check_finite=check_finite)
-    if backend not in ("sync", "subproc"):
-        raise UserError(f"unknown env backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
-    factory = make_factory(spec, kwargs, atari_wrappers=atari_wrappers)
-    if backend == "subproc":
-        from corral.envs.subproc import SubprocVecEnv
-
-        return SubprocVecEnv(factory, num_envs, env_id=name, device=device, num_workers=num_workers, strict=strict,
-                             on_error=on_error, max_restarts=max_restarts, check_finite=check_finite)
-    return SyncVecEnv([factory] * num_envs, env_id=name, device=device, check_finite=check_finite, strict=strict,
-                      on_error=on_error, max_restarts=max_restarts)

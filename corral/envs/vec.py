@@ -1,0 +1,74 @@
+"""``make_vec_env``: one entry point over every vector backend.
+
+It sits above the backends (each imports only the front end in :mod:`corral.envs.host`
+and the env resolution in :mod:`corral.envs.make`), so choosing one is a plain import
+of all of them; the optional ones (EnvPool) import their package only when built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from corral.envs.envpool_backend import EnvPoolVecEnv
+from corral.envs.host import HostVecEnv
+from corral.envs.make import env_name, make_factory
+from corral.envs.native import make_native
+from corral.envs.subproc import SubprocVecEnv
+from corral.envs.sync import SyncVecEnv
+from corral.errors import UserError
+
+BACKENDS = ("sync", "subproc", "envpool", "native")
+
+
+def make_vec_env(
+    spec: Any,
+    num_envs: int,
+    kwargs: dict | None = None,
+    device: str | torch.device = "cpu",
+    backend: str = "sync",
+    *,
+    atari_wrappers: Any = True,
+    strict: bool = False,
+    on_error: str = "raise",
+    max_restarts: int = 100,
+    num_workers: int | None = None,
+    check_finite: bool = True,
+) -> HostVecEnv:
+    """Build N envs for ``spec`` on ``backend``; the one entry point every caller uses.
+
+    ``backend``: ``"sync"`` (in this process), ``"subproc"`` (worker processes, each
+    stepping a slice of the envs; ``num_workers`` of them, default one per CPU core up
+    to N), ``"envpool"`` (EnvPool's C++ thread pool, for the ids it knows) or
+    ``"native"`` (torch-batched classic control). Every backend follows
+    :mod:`corral.envs.base`.
+
+    ``atari_wrappers``: for ALE ids, ``True`` applies the training preprocessing (no-op
+    reset, frame skip 4 with max-pool, 84x84 gray, frame stack 4, episodic life, reward
+    clipping, fire on reset), ``"eval"`` the same without episodic life and clipping,
+    a dict overrides single options (see :class:`corral.envs.atari.AtariOptions`),
+    ``False`` none. ``info["episode_return"]`` is always the raw game score.
+
+    ``strict``: reject out-of-bounds Box actions (default: clip them and count them in
+    ``env.out_of_bounds_actions``). ``on_error``: ``"raise"`` or ``"restart"`` an env that
+    raises (at most ``max_restarts`` times per env; counted in ``env.restarts``).
+    """
+    if num_envs < 1:
+        raise UserError(f"env.num_envs must be >= 1, got {num_envs}")
+    if on_error not in ("raise", "restart"):
+        raise UserError(f"on_error must be 'raise' or 'restart', got {on_error!r}")
+    name = env_name(spec)
+    if isinstance(spec, str) and (spec.startswith("native:") or backend == "native"):
+        return make_native(spec, num_envs, device=device)
+    if backend == "envpool":
+        return EnvPoolVecEnv(spec, num_envs, kwargs, device=device, atari_wrappers=atari_wrappers, strict=strict,
+                             check_finite=check_finite)
+    if backend not in ("sync", "subproc"):
+        raise UserError(f"unknown env backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    factory = make_factory(spec, kwargs, atari_wrappers=atari_wrappers)
+    if backend == "subproc":
+        return SubprocVecEnv(factory, num_envs, env_id=name, device=device, num_workers=num_workers, strict=strict,
+                             on_error=on_error, max_restarts=max_restarts, check_finite=check_finite)
+    return SyncVecEnv([factory] * num_envs, env_id=name, device=device, check_finite=check_finite, strict=strict,
+                      on_error=on_error, max_restarts=max_restarts)
