@@ -40,3 +40,35 @@ def test_dqn_target_scores_next_obs_with_the_online_normalizers_current_statisti
     with torch.no_grad():
         got = a.shared_targets(types.SimpleNamespace(next_obs=next_obs))
     torch.testing.assert_close(got, expect, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------
+# 3. best.pt and step-*.pt are for acting; latest.pt keeps the replay for resume
+
+
+def test_best_and_step_checkpoints_leave_the_replay_out_and_latest_keeps_it(tmp_path, capsys):
+    import corral
+    from corral.cli import main
+    from corral.train.checkpoint import load_checkpoint
+
+    run = tmp_path / "run"
+    args = ["train", "dqn", "CartPole-v1", "--steps", "1200", "--run-dir", str(run), "--json"]
+    for kv in ("tensorboard=false", "learning_starts=200", "buffer_size=20000", "hidden=[16]", "eval.every=400",
+               "eval.episodes=1", "checkpoint.every=400", "checkpoint.keep=5"):
+        args += ["--set", kv]
+    assert main(args) == 0
+    ck = run / "checkpoints"
+    steps = sorted(ck.glob("step-*.pt"))
+    assert steps and (ck / "best.pt").is_file()
+    latest = load_checkpoint(ck / "latest.pt")
+    assert "replay" in latest["algo"]
+    for path in [ck / "best.pt", *steps]:
+        state = load_checkpoint(path)
+        assert "replay" not in state["algo"]
+        assert set(state["algo"]) == set(latest["algo"]) - {"replay"}
+        assert path.stat().st_size * 10 < (ck / "latest.pt").stat().st_size
+    agent = corral.load(ck / "best.pt", device="cpu")
+    assert agent.act(torch.zeros(4).numpy()).shape == ()
+    capsys.readouterr()
+    assert main(["eval", str(steps[-1]), "--episodes", "1", "--device", "cpu", "--json"]) == 0
+    assert main(["eval", str(run), "--episodes", "1", "--device", "cpu", "--json"]) == 0  # the run's best.pt

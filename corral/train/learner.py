@@ -163,10 +163,15 @@ class Learner:
         return summary
 
     # --- state
-    def state_dict(self) -> dict:
+    def state_dict(self, replay: bool = True) -> dict:
+        """The whole training state; ``replay=False`` leaves the replay buffer out (what
+        acting and evaluation need: ``best.pt``, ``step-*.pt``)."""
+        algo = self.algo.state_dict()
+        if not replay:
+            algo.pop("replay", None)
         state = {
             "config": C.to_dict(self.cfg),
-            "algo": self.algo.state_dict(),
+            "algo": algo,
             "env": self.env.state_dict(),
             "obs": self.obs.cpu(),
             "rng": self.rng.state_dict(),
@@ -185,8 +190,8 @@ class Learner:
             state["collectors"] = [s or {} for s in self.collector_states]
         return state
 
-    def save(self, path: Path) -> Path:
-        return save_checkpoint(self.state_dict(), path)
+    def save(self, path: Path, replay: bool = True) -> Path:
+        return save_checkpoint(self.state_dict(replay), path)
 
     def load_state_dict(self, state: dict) -> None:
         self.algo.load_state_dict(state["algo"])
