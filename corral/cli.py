@@ -45,6 +45,10 @@ def _cmd_resume(args) -> int:
     from corral.train.checkpoint import load_checkpoint
     from corral.train.learner import Learner
 
+    from corral.train.setup import resolve_device
+
+    if args.device is not None:
+        resolve_device(args.device)  # no GPU for --device cuda: one error before anything is read or written
     run_dir = Path(args.run_dir)
     ckpt = run_dir / "checkpoints" / "latest.pt"
     if not ckpt.is_file():
@@ -55,6 +59,12 @@ def _cmd_resume(args) -> int:
         cfg.steps = args.steps
     if args.device is not None:
         cfg.device = args.device
+    else:
+        try:
+            resolve_device(cfg.device)
+        except UserError:
+            raise UserError(f"the run was trained with device {cfg.device!r}, which this machine does not have; "
+                            "continue it here with --device cpu (or --device auto)") from None
     if args.set:  # e.g. move a run between in-process and Ray workers: --set scheme.collectors=2
         from corral import config as C
 

@@ -195,7 +195,13 @@ class Learner:
 
     def load_state_dict(self, state: dict) -> None:
         self.algo.load_state_dict(state["algo"])
-        self.rng.load_state_dict(state["rng"])
+        reseeded = self.rng.load_state_dict(state["rng"])
+        if reseeded:
+            saved = state["rng"].get("device") or ("cpu" if state["rng"][reseeded[0]].numel() == 5056 else "cuda")
+            print(f"note: the checkpoint's random streams ({', '.join(reseeded)}) come from {saved} generators, "
+                  f"which cannot be loaded into {self.device.type} ones; they are reseeded from their saved "
+                  "state (deterministic, but not the draws the original device would have made); resume on "
+                  f"--device {saved} to continue them exactly", file=sys.stderr)
         c = state["counters"]
         self.env_steps = int(c["env_steps"])
         self.episodes = int(c["episodes"])
