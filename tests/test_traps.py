@@ -167,3 +167,70 @@ def test_a_checkpoint_from_a_gpu_run_resumes_on_the_cpu_with_a_note(tmp_path, ca
     out = capsys.readouterr()
     assert '"env_steps": 1024' in out.out
     assert "come from cuda generators" in out.err and "--device cuda" in out.err
+
+
+# ---------------------------------------------------------------------------
+# 2. resume --steps N with N above the original budget: schedules follow the new budget
+
+
+def _rows(run):
+    import json
+
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_resume_with_a_larger_budget_puts_ppos_linear_schedules_on_the_new_budget(tmp_path, capsys):
+    from corral.cli import main
+
+    run = _tiny_run(tmp_path, "ppo", 512, ("ppo.n_steps=64", "env.num_envs=2", "ppo.n_epochs=1", "ppo.batch_size=64", "log_every=1",
+                                           "ppo.lr_schedule=linear", "ppo.clip_schedule=linear", "ppo.lr=0.001"))
+    before = _rows(run)
+    assert before[-1]["step"] == 512 and before[-1]["lr"] == 0.0  # annealed to 0 at the old budget
+    assert main(["resume", str(run), "--steps", "1024", "--json"]) == 0
+    after = [r for r in _rows(run)[len(before):] if "lr" in r]
+    assert [r["step"] for r in after] == list(range(640, 1025, 128))
+    for r in after:  # what a run launched with 1024 steps has at that step
+        assert r["lr"] == pytest.approx(0.001 * (1 - r["step"] / 1024), rel=1e-12, abs=0)
+        assert r["clip_range"] == pytest.approx(0.2 * (1 - r["step"] / 1024), rel=1e-12, abs=0)
+    text = " ".join(_help(capsys, ["resume", "--help"]).split())
+    assert "--steps N sets a new total budget" in text and "progress = env steps / N" in text
+
+
+def _help(capsys, argv):
+    from corral.cli import build_parser
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    return capsys.readouterr().out
+
+
+def test_resume_with_a_larger_budget_puts_dqn_epsilon_and_per_beta_on_the_new_budget(tmp_path):
+    from corral.agent import config_from_dict
+    from corral.train.checkpoint import load_checkpoint
+    from corral.train.learner import Learner
+
+    run = _tiny_run(tmp_path, "per_dqn", 512, DQN_TINY + ("log_every=1", "exploration_fraction=0.5",
+                                                          "exploration_initial_eps=1.0", "exploration_final_eps=0.1"))
+    before = _rows(run)
+    assert before[-1]["epsilon"] == pytest.approx(0.1)  # decayed by 256 steps of the old 512
+    state = load_checkpoint(run / "checkpoints" / "latest.pt")
+    cfg = config_from_dict(state["config"])
+    cfg.steps = 2048
+    L = Learner(cfg, run, quiet=True)
+    L.load_state_dict(state)
+    L.train()
+    after = [r for r in _rows(run)[len(before):] if "epsilon" in r]
+    assert after and after[0]["step"] < 1024
+    for r in after:  # decays over exploration_fraction x the new budget: back up at the resume point
+        assert r["epsilon"] == pytest.approx(1.0 + min(1.0, r["step"] / 1024) * (0.1 - 1.0), rel=1e-12)
+    assert after[0]["epsilon"] > 0.3  # it had reached 0.1
+    # PER beta anneals over the new budget: at the first update after the resume point it is
+    # 0.4 + 0.6 * env_steps / 2048 (it was 1.0 at the old budget's end)
+    R = Learner(cfg, None, quiet=True)
+    R.load_state_dict(state)
+    next(R.stream())
+    replay = R.algo.replay
+    assert replay.beta_steps == 2048 and replay.step - 1 == R.env_steps > 512  # step counts the draw made
+    replay.step -= 1
+    assert replay.beta == pytest.approx(0.4 + 0.6 * R.env_steps / 2048, rel=1e-12)
