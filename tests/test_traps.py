@@ -234,3 +234,96 @@ def test_resume_with_a_larger_budget_puts_dqn_epsilon_and_per_beta_on_the_new_bu
     assert replay.beta_steps == 2048 and replay.step - 1 == R.env_steps > 512  # step counts the draw made
     replay.step -= 1
     assert replay.beta == pytest.approx(0.4 + 0.6 * R.env_steps / 2048, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# 5. an Ape-X run's mid-run checkpoint holds the replay server's whole state
+
+
+def _clone(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_clone(v) for v in x)
+    return x
+
+
+def _same(a, b, where="state"):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a.cpu(), b.cpu()), where
+    elif isinstance(a, dict):
+        assert set(a) == set(b), (where, set(a) ^ set(b))
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+def test_a_mid_run_apex_checkpoint_holds_the_replay_servers_whole_state_and_resume_restores_it(tmp_path):
+    import shutil
+
+    from corral.schemes.fragments import FragmentScheme
+    from corral.schemes.replay_server import ReplayClient
+    from corral.train.checkpoint import load_checkpoint
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config, new_run_dir
+
+    over = {**QUIET, "scheme.collectors": 2, "env.num_envs": 2, "learning_starts": 512, "train_freq": 4,
+            "gradient_steps": 2, "hidden": [16], "prefetch": 4, "batch_size": 32, "buffer_size": 8192,
+            "rollout_fragment": 32, "checkpoint.every": 1536, "normalize_obs": True}
+    cfg = build_config("apex_dqn", "CartPole-v1", steps=3072, overrides=over)
+    L = Learner(cfg, new_run_dir(cfg, str(tmp_path / "run")), quiet=True)
+    scheme = FragmentScheme(L)
+    L.make_stream = scheme.stream
+    seen = {}
+    save = L.save
+
+    def spy(path, replay=True):
+        out = save(path, replay)
+        client = L.algo.replay
+        if path.name == "latest.pt" and isinstance(client, ReplayClient) and not seen:
+            shutil.copy(path, tmp_path / "mid.pt")
+            server = client.server  # what the server holds right after the checkpoint was written
+            seen["buffer"] = _clone(server.buffer.state_dict())
+            seen["order"] = server._order.get_state().clone()
+            seen["queue"] = [_clone(vars(b)) for b in client._queue]
+            handle = client._next[0] if client._next is not None else None
+            seen["next"] = None if handle is None else _clone(vars(getattr(handle, "value", handle)))
+            seen["env_steps"] = L.env_steps
+        return out
+
+    L.save = spy
+    L.train()
+    assert seen and 1536 <= seen["env_steps"] < 3072 and seen["queue"]
+
+    mid = load_checkpoint(tmp_path / "mid.pt")
+    replay = mid["algo"]["replay"]
+    server_part = replay["server"]
+    _same({k: v for k, v in replay.items() if k != "server"}, seen["buffer"], "replay")  # rows, tree, beta step, RNG
+    assert torch.equal(server_part["order"], seen["order"])
+    _same(server_part["client"]["queue"], seen["queue"], "queue")
+    _same(server_part["client"]["next"], seen["next"], "next")
+
+    R = Learner(cfg, tmp_path / "run", quiet=True)
+    R.load_state_dict(mid)
+    again = FragmentScheme(R)
+    again.start()  # collectors and the replay server, as a resumed run starts them
+    try:
+        client = R.algo.replay
+        assert isinstance(client, ReplayClient) and len(client) == len(R.algo.replay.server.buffer)
+        _same(client.server.buffer.state_dict(), seen["buffer"], "restored")
+        assert torch.equal(client.server._order.get_state(), seen["order"])
+        _same([vars(b) for b in client._queue], seen["queue"], "restored queue")
+        _same(vars(client._next[0].value), seen["next"], "restored next")
+    finally:
+        again.close()
+    R = Learner(cfg, tmp_path / "run", quiet=True)  # and the resumed run trains on to its budget
+    R.load_state_dict(mid)
+    R.make_stream = FragmentScheme(R).stream
+    assert R.train()["env_steps"] == 3072

@@ -631,6 +631,7 @@ class ReplayBuffer:
         self._final_cursor = int(state["final_cursor"])
         self._young_cache = None
         set_generator_state(self._generator, state["generator"])  # reseeded if saved on another device type
+        self.server_state = state.get("server")  # a replay server's own state (Ape-X), for start_replay
 
 
 # ---------------------------------------------------------------------------------------------
