@@ -46,6 +46,10 @@ def _cmd_resume(args) -> int:
     from corral.train.checkpoint import load_checkpoint
     from corral.train.learner import Learner
 
+    from corral.train.setup import resolve_device
+
+    if args.device is not None:
+        resolve_device(args.device)  # no GPU for --device cuda: one error before anything is read or written
     run_dir = Path(args.run_dir)
     ckpt = run_dir / "checkpoints" / "latest.pt"
     if not ckpt.is_file():
@@ -56,6 +60,12 @@ def _cmd_resume(args) -> int:
         cfg.steps = args.steps
     if args.device is not None:
         cfg.device = args.device
+    else:
+        try:
+            resolve_device(cfg.device)
+        except UserError:
+            raise UserError(f"the run was trained with device {cfg.device!r}, which this machine does not have; "
+                            "continue it here with --device cpu (or --device auto)") from None
     if args.set:  # e.g. move a run between in-process and Ray workers: --set scheme.collectors=2
         from corral import config as C
 
@@ -185,10 +195,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=_cmd_eval)
 
-    r = sub.add_parser("resume", help="continue a run from its latest checkpoint")
+    r = sub.add_parser(
+        "resume", help="continue a run from its latest checkpoint",
+        description="Continue a run from checkpoints/latest.pt. With the same budget the result equals a run "
+                    "that never stopped. --steps N sets a new total budget: schedules are fractions of the "
+                    "run's budget, so from the resume point on they are those of a run launched with N steps "
+                    "(progress = env steps / N: linear lr and clip ranges go to 0 at N, epsilon decays over "
+                    "exploration_fraction x N, PER beta reaches per_beta_final at N). A schedule can jump at "
+                    "the resume point (a finished run's linear lr from 0 to lr x (1 - old/N); epsilon back up "
+                    "while env steps < exploration_fraction x N); see docs/architecture.md.")
     r.add_argument("run_dir")
-    r.add_argument("--steps", type=int, help="new total step budget")
-    r.add_argument("--device")
+    r.add_argument("--steps", type=int, help="new total step budget (schedules follow it, see above)")
+    r.add_argument("--device", help="device to continue on (default: the run's); random streams saved on "
+                                    "another device type are reseeded, with a note")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=_cmd_resume)

@@ -3,6 +3,8 @@ replay sampling, exploration noise, network init and each worker."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import torch
 
@@ -29,9 +31,30 @@ class RNGStreams:
         return self.seeds[name] % (2**31 - 1024)
 
     def state_dict(self) -> dict:
-        return {name: g.get_state() for name, g in self.generators.items()}
+        return {"device": self.device.type, **{name: g.get_state() for name, g in self.generators.items()}}
 
-    def load_state_dict(self, state: dict) -> None:
-        for name, s in state.items():
-            if name in self.generators:
-                self.generators[name].set_state(s)
+    def load_state_dict(self, state: dict) -> list[str]:
+        """Restore the streams; returns the names of those that were reseeded because
+        their state came from a generator of another device type (``set_generator_state``)."""
+        return [name for name, s in state.items()
+                if name in self.generators and not set_generator_state(self.generators[name], s)]
+
+
+def set_generator_state(gen: torch.Generator, state: torch.Tensor) -> bool:
+    """Load a ``torch.Generator`` state saved on any device into ``gen``; True if it fitted.
+
+    A CPU generator (Mersenne Twister, 5056 bytes of state) and a CUDA one (Philox: seed and
+    offset) have no state in common, so a checkpoint moved between device types (``corral
+    resume --device cuda`` of a CPU run, or back) cannot continue the same draws. Then ``gen``
+    is reseeded from a hash of the saved state: the continuation is deterministic for that
+    checkpoint (resuming it twice on the new device gives the same run) and is not the
+    stream's start again, but it is not the draws the old device would have made; returns False.
+    """
+    state = state.detach().to("cpu", torch.uint8)
+    try:
+        gen.set_state(state)
+        return True
+    except RuntimeError:
+        digest = hashlib.sha256(state.contiguous().numpy().tobytes()).digest()
+        gen.manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        return False

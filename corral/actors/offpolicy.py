@@ -40,10 +40,12 @@ class ObsEncoder(nn.Module):
         """Whether it has weights of its own (a CNN): then critics get an encoder of their own."""
         return self.cnn is not None or self.parts is not None
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, norm: RunningNormalizer | None = None) -> torch.Tensor:
+        """``norm``: another normalizer to use (a target network's encoder takes the online
+        one's, so targets never see observations scaled by statistics from the last copy)."""
         if self.cnn is not None:
             return self.cnn(obs)
-        x = self.norm(obs).flatten(1)
+        x = (norm if norm is not None else self.norm)(obs).flatten(1)
         if self.parts is not None:
             x = self.parts(torch.where(self.raw_dims, obs.flatten(1).float(), x))
         return x
@@ -74,9 +76,10 @@ class QNetwork(nn.Module):
         value, adv = out[0, :, :1], out[1]
         return value + adv - adv.mean(-1, keepdim=True)
 
-    def q(self, obs: torch.Tensor) -> torch.Tensor:
-        """Q-values from raw observations (through this network's own encoder)."""
-        return self(self.enc(obs))
+    def q(self, obs: torch.Tensor, norm: RunningNormalizer | None = None) -> torch.Tensor:
+        """Q-values from raw observations (through this network's own encoder; ``norm``
+        replaces its normalizer, see ``ObsEncoder.forward``)."""
+        return self(self.enc(obs, norm))
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True, generator=None) -> torch.Tensor:

@@ -89,7 +89,12 @@ class DQN(OffPolicy):
     def shared_targets(self, batch):
         # The target net only changes between updates (target_update runs in observe), so one
         # forward over every step's next_obs serves the whole update.
-        return self.target.q(batch.next_obs)
+        return self.target_q(batch.next_obs)
+
+    def target_q(self, obs):
+        """The target net's Q-values, with observations normalized by the online normalizer's
+        current statistics (the target's own copy is as old as the last target update)."""
+        return self.target.q(obs, norm=self.actor.enc.norm)
 
     def phases(self, batch, noise, next_q_target=None):
         """One gradient step; ``next_q_target`` is the target net's Q of ``batch.next_obs`` if already known."""
@@ -103,7 +108,7 @@ class DQN(OffPolicy):
             q_values = self.actor.q(batch.obs)
         with torch.no_grad():
             if next_q_target is None:
-                next_q_target = self.target.q(batch.next_obs)
+                next_q_target = self.target_q(batch.next_obs)
             if cfg.double:
                 next_q = next_q_target.gather(-1, next_action).squeeze(-1)
             else:

@@ -93,7 +93,7 @@ class TD3(OffPolicy):
         action = self.actor.box.to_unit(batch.action)
         with torch.no_grad():
             # the target actor's own CNN for images; a normalizer is always the live one
-            next_obs = (self.actor_target.enc if enc.trainable else enc)(batch.next_obs)
+            next_obs = self.actor_target.enc(batch.next_obs, norm=enc.norm) if enc.trainable else enc(batch.next_obs)
             next_action = self.actor_target(next_obs)
             if cfg.target_noise > 0:
                 smoothing = (noise["target"] * cfg.target_noise).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)

@@ -185,7 +185,10 @@ class FragmentScheme:
         local = algo.replay
         server = self.make_replay(local)
         if len(local):
-            server.load_state_dict(local.state_dict())
+            state = local.state_dict()
+            if getattr(local, "server_state", None) is not None:  # a mid-run checkpoint's server state
+                state["server"], local.server_state = local.server_state, None
+            server.load_state_dict(state)
             server.size = len(local)
         self._local_replay = local
         algo.replay = server
@@ -206,6 +209,7 @@ class FragmentScheme:
         algo = self.learner.algo
         try:
             local.load_state_dict(algo.replay.state_dict())
+            local.server_state = None  # what the server had drawn ahead is not trained on after the run
         finally:
             algo.replay = local
             self._local_replay = None

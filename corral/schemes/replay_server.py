@@ -27,8 +27,20 @@ from typing import Any, Callable
 
 import torch
 
+from corral.rng import set_generator_state
 from corral.schemes.collector import FragmentData
 from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer
+
+
+class Ready:
+    """A server result already in hand (a restored prefetched group), where a handle would be."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def batch_fields(batch: ReplayBatch) -> dict:
+    return {f.name: getattr(batch, f.name).cpu() for f in dataclasses.fields(batch)}
 
 
 def batch_to(batch: ReplayBatch, device) -> ReplayBatch:
@@ -99,10 +111,15 @@ class ReplayServer:
         return len(self.buffer)
 
     def state_dict(self) -> dict:
-        return self.buffer.state_dict()
+        """The buffer's state (what an in-process buffer loads: rows, sum tree, max priority,
+        beta step, its RNG) and, under ``"server"``, the server's own stream."""
+        return {**self.buffer.state_dict(), "server": {"order": self._order.get_state()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state)
+        server = state.get("server") or {}
+        if "order" in server:
+            set_generator_state(self._order, server["order"])
 
     @staticmethod
     def check_td(td: torch.Tensor) -> None:
@@ -154,7 +171,8 @@ class ReplayClient:
         if not self._queue:
             if self._next is None or self._next[1] != batch_size:
                 self._next = self._request(batch_size)
-            group = self.get(self._next[0])
+            handle = self._next[0]
+            group = handle.value if isinstance(handle, Ready) else self.get(handle)
             self._next = self._request(batch_size)  # drawn while this group trains
             self._queue = group.split(batch_size)[::-1]
         self.step += 1
@@ -173,12 +191,30 @@ class ReplayClient:
             self.call("update_priorities", idx, td)
 
     def state_dict(self) -> dict:
+        """The server's whole state, and what this client drew from it but has not trained on
+        (the rest of the current group, the group in flight) with its step counters, so a
+        mid-run checkpoint resumes on the same batches."""
         self.flush()
-        return self.get(self.call("state_dict"))
+        state = self.get(self.call("state_dict"))
+        client: dict[str, Any] = {"queue": [batch_fields(b) for b in self._queue], "next": None,
+                                  "step": self.step, "beta_steps": self.beta_steps}
+        if self._next is not None:
+            handle, size = self._next
+            group = handle.value if isinstance(handle, Ready) else self.get(handle)
+            self._next = (Ready(group), size)
+            client["next"], client["next_size"] = batch_fields(group), size
+        state["server"] = {**state.get("server", {}), "client": client}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self._queue, self._next = [], None  # batches drawn from what is being replaced
         self.get(self.call("load_state_dict", state))
+        client = (state.get("server") or {}).get("client")
+        if client:  # a mid-run checkpoint: the batches it had drawn and not trained on yet
+            self._queue = [ReplayBatch(**b) for b in client["queue"]]
+            if client["next"] is not None:
+                self._next = (Ready(ReplayBatch(**client["next"])), int(client["next_size"]))
+            self.step, self.beta_steps = int(client["step"]), int(client["beta_steps"])
 
 
 class LocalReplay(ReplayClient):

@@ -48,6 +48,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from corral.rng import set_generator_state
 from corral.storage.sumtree import SumTree
 
 # How a slot's episode ended, one byte per slot. Where an env reports both, termination wins.
@@ -629,7 +630,8 @@ class ReplayBuffer:
         self._final_obs = state["final_obs"].to(self.device, self.obs_dtype).clone()
         self._final_cursor = int(state["final_cursor"])
         self._young_cache = None
-        self._generator.set_state(state["generator"].cpu())
+        set_generator_state(self._generator, state["generator"])  # reseeded if saved on another device type
+        self.server_state = state.get("server")  # a replay server's own state (Ape-X), for start_replay
 
 
 # ---------------------------------------------------------------------------------------------

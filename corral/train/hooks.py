@@ -104,7 +104,7 @@ class EvalHook:
         if result["mean_return"] > learner.best_eval:
             learner.best_eval = result["mean_return"]
             if learner.run_dir:
-                learner.save(learner.run_dir / "checkpoints" / "best.pt")
+                learner.save(learner.run_dir / "checkpoints" / "best.pt", replay=False)  # for acting, not resuming
         return result
 
     def log_video(self, learner: "Learner") -> None:
@@ -152,7 +152,9 @@ class CheckpointHook:
             self.next = learner.env_steps + self.every
             learner.next_ckpt = self.next
             folder = learner.run_dir / "checkpoints"
-            learner.save(folder / f"step-{learner.env_steps:010d}.pt")
+            # step-*.pt are snapshots to act with and evaluate; latest.pt (what resume reads)
+            # keeps the replay buffer when the run saves it (save_replay)
+            learner.save(folder / f"step-{learner.env_steps:010d}.pt", replay=False)
             learner.save(folder / "latest.pt")
             for old in sorted(folder.glob("step-*.pt"))[: -self.keep or None]:
                 old.unlink()

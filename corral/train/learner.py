@@ -171,10 +171,15 @@ class Learner:
         return summary
 
     # --- state
-    def state_dict(self) -> dict:
+    def state_dict(self, replay: bool = True) -> dict:
+        """The whole training state; ``replay=False`` leaves the replay buffer out (what
+        acting and evaluation need: ``best.pt``, ``step-*.pt``)."""
+        algo = self.algo.state_dict()
+        if not replay:
+            algo.pop("replay", None)
         state = {
             "config": C.to_dict(self.cfg),
-            "algo": self.algo.state_dict(),
+            "algo": algo,
             "env": self.env.state_dict(),
             "obs": self.obs.cpu(),
             "rng": self.rng.state_dict(),
@@ -193,12 +198,18 @@ class Learner:
             state["collectors"] = [s or {} for s in self.collector_states]
         return state
 
-    def save(self, path: Path) -> Path:
-        return save_checkpoint(self.state_dict(), path)
+    def save(self, path: Path, replay: bool = True) -> Path:
+        return save_checkpoint(self.state_dict(replay), path)
 
     def load_state_dict(self, state: dict) -> None:
         self.algo.load_state_dict(state["algo"])
-        self.rng.load_state_dict(state["rng"])
+        reseeded = self.rng.load_state_dict(state["rng"])
+        if reseeded:
+            saved = state["rng"].get("device") or ("cpu" if state["rng"][reseeded[0]].numel() == 5056 else "cuda")
+            print(f"note: the checkpoint's random streams ({', '.join(reseeded)}) come from {saved} generators, "
+                  f"which cannot be loaded into {self.device.type} ones; they are reseeded from their saved "
+                  "state (deterministic, but not the draws the original device would have made); resume on "
+                  f"--device {saved} to continue them exactly", file=sys.stderr)
         c = state["counters"]
         self.env_steps = int(c["env_steps"])
         self.episodes = int(c["episodes"])

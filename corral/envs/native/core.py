@@ -26,6 +26,7 @@ import gymnasium as gym
 import torch
 
 from corral.envs.base import EnvError
+from corral.rng import set_generator_state
 
 
 class NativeVecEnv:
@@ -232,13 +233,8 @@ class NativeVecEnv:
             )
         self.set_state(state["state"], state["elapsed_steps"])
         self._ep_ret.copy_(state["episode_return"])
-        try:
-            self._gen.set_state(state["rng_state"].cpu())
-        except RuntimeError as e:
-            raise ValueError(
-                f"{self.env_id}: the saved generator state does not fit a {self.device.type} generator ({e}); "
-                "resume on the device type the state was saved from"
-            ) from None
+        # saved on another device type (a CPU run resumed on CUDA): reseeded from the saved state
+        set_generator_state(self._gen, state["rng_state"])
         return True
 
     def get_state(self) -> torch.Tensor:
