@@ -93,3 +93,37 @@ class PixelTargetDict(PixelTarget):
     def step(self, action):
         frame, r, term, trunc, info = super().step(action)
         return {"frame": frame, "vec": np.ones(2, np.float32)}, r, term, trunc, info
+
+
+class LivesEnv(gym.Env):
+    """An Atari-shaped game without Atari: three lives of three steps each, reward 1 per
+    step. A lost life reads as ``terminated`` (as corral's EpisodicLife wrapper makes it) and
+    the next ``reset`` goes on with the game; the whole game's score (9) is reported under
+    corral's episode key when the last life is lost."""
+
+    corral_reports_episodes = True
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0, 10, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.lives, self.life_t, self.score = 0, 0, 0.0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.lives == 0 or seed is not None:
+            self.lives, self.score = 3, 0.0
+        self.life_t = 0
+        return np.array([float(self.lives)], np.float32), {}
+
+    def step(self, action):
+        from corral.envs.group import EPISODE_KEY
+
+        self.life_t += 1
+        self.score += 1.0
+        info = {}
+        lost = self.life_t == 3
+        if lost:
+            self.lives -= 1
+            if self.lives == 0:
+                info[EPISODE_KEY] = self.score
+        return np.array([float(self.lives)], np.float32), 1.0, lost, False, info

@@ -217,7 +217,7 @@ class RayScheme(FragmentScheme):
         remote = ray.remote(ReplayServer).options(num_cpus=self._cpus, max_restarts=0)
         actor = remote.remote(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
         return ReplayClient(lambda name, *args: getattr(actor, name).remote(*args), ray.get, self.learner.device,
-                            local.capacity, int(getattr(algo.cfg, "prefetch", 1)))
+                            local.capacity, algo.cfg.prefetch)  # a replay-server algorithm declares it
 
     def close(self, failing: bool = False) -> None:
         try:
