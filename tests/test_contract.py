@@ -260,12 +260,14 @@ def test_collectors_build_the_runs_env_with_its_error_policy():
 
 
 def test_collectors_build_atari_envs_with_the_runs_wrappers():
+    # Fails on the old collectors, which always preprocessed Atari (84x84 frame stacks)
     pytest.importorskip("ale_py")
-    L = learner("ppo", "ALE/Pong-v5", steps=1000, **{"env.num_envs": 1, "ppo.n_steps": 8, "ppo.batch_size": 8})
+    L = learner("ppo", "ALE/Pong-v5", steps=1000, **{"env.num_envs": 1, "ppo.n_steps": 8, "ppo.batch_size": 8,
+                                                    "env.atari_wrappers": False})
     c = Collector(L.cfg, "ALE/Pong-v5", 0, 1, paths=driver_paths())
     try:
         assert c.spaces() == (L.env.single_observation_space, L.env.single_action_space)
-        assert c.spaces()[0].shape == (4, 84, 84)
+        assert c.spaces()[0].shape == (210, 160, 3)
     finally:
         c.close()
         L.env.close()
