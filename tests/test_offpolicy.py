@@ -100,26 +100,48 @@ def test_a_dqn_update_matches_sampling_and_stepping_one_batch_at_a_time(double):
     assert torch.equal(a.replay.sample(8).indices, b.replay.sample(8).indices)  # same replay stream position
 
 
-def test_sac_critic_loss_moves_only_critics_and_actor_loss_only_the_actor():
-    algo = make("sac", learning_starts=0, batch_size=16, hidden=(16,))
+def phase_grads(algo, batch, noise=None):
+    """Drive one gradient step's phases as train_step does, but before each optimizer step
+    zero every optimizer's gradient and record, per phase, which networks the loss gave a
+    nonzero gradient and which networks the step moved."""
+    from corral.algos.offpolicy import drive
+
+    nets = {"actor": list(algo.actor.parameters()), "critics": list(algo.critics.parameters())}
+    if getattr(algo, "auto_alpha", False):
+        nets["log_alpha"] = [algo.log_alpha]
+    names = {id(o): n for n, o in vars(algo).items() if o in algo.optimizers()}
+    phases = []
+
+    def step(optimizer, loss):
+        for o in algo.optimizers():
+            o.zero_grad()
+        loss.backward()
+        before = {k: [p.detach().clone() for p in ps] for k, ps in nets.items()}
+        graded = {k for k, ps in nets.items() if any(p.grad is not None and p.grad.abs().sum() > 0 for p in ps)}
+        optimizer.step()
+        moved = {k for k, ps in nets.items() if any(not torch.equal(a, p) for a, p in zip(before[k], ps))}
+        phases.append((names[id(optimizer)], graded, moved))
+
+    noise = algo.draw_noise(batch.obs.shape[0]) if noise is None else noise
+    drive(algo.phases(batch, noise), step)
+    return phases
+
+
+@pytest.mark.parametrize("algo_name", ["sac", "td3"])
+def test_each_loss_reaches_and_moves_only_its_own_network(algo_name):
+    # every learning rate nonzero: a loss that leaked gradient into another network would move it
+    algo = make(algo_name, learning_starts=0, batch_size=16, hidden=(16,), lr=1e-2, policy_delay=1)
     fill(algo, 40, 3, None)
-    actor_before = [p.clone() for p in algo.actor.parameters()]
-    critic_before = [p.clone() for p in algo.critics.parameters()]
-    algo.cfg.policy_delay = 10**9  # critic step only
-    algo.train_step(algo.replay.sample(16))
-    assert all(torch.equal(a, b) for a, b in zip(actor_before, algo.actor.parameters()))
-    assert any(not torch.equal(a, b) for a, b in zip(critic_before, algo.critics.parameters()))
-    # the actor loss: critics pass gradient to the action but are not stepped
-    algo.cfg.policy_delay = 1
-    algo.critic_opt.param_groups[0]["lr"] = 0.0
-    critic_before = [p.clone() for p in algo.critics.parameters()]
-    algo.train_step(algo.replay.sample(16))
-    assert all(torch.equal(a, b) for a, b in zip(critic_before, algo.critics.parameters()))
-    assert any(not torch.equal(a, b) for a, b in zip(actor_before, algo.actor.parameters()))
-    assert all(p.grad is None or p.grad.abs().sum() == 0 or True for p in algo.critics.parameters())
+    phases = phase_grads(algo, algo.replay.sample(16))
+    expected = [("critic_opt", {"critics"}, {"critics"}), ("actor_opt", {"actor"}, {"actor"})]
+    if algo_name == "sac":
+        expected.append(("alpha_opt", {"log_alpha"}, {"log_alpha"}))
+    assert phases == expected
+    # and the critics' requires_grad is back on for the next critic step
+    assert all(p.requires_grad for p in algo.critics.parameters())
 
 
-def test_td3_delays_the_actor_and_smooths_target_actions():
+def test_td3_delays_the_actor_by_policy_delay():
     algo = make("td3", learning_starts=0, batch_size=16, hidden=(16,), policy_delay=2)
     fill(algo, 40, 3, None)
     before = [p.clone() for p in algo.actor.parameters()]
@@ -128,6 +150,49 @@ def test_td3_delays_the_actor_and_smooths_target_actions():
     algo.grad_steps += 1
     algo.train_step(algo.replay.sample(16))  # grad step 2: actor too
     assert any(not torch.equal(a, b) for a, b in zip(before, algo.actor.parameters()))
+
+
+def td3_critic_loss_by_hand(algo, batch, z):
+    """TD3's critic loss from the paper: a' = clip(mu'(s') + clip(sigma z, -c, c), -1, 1)."""
+    cfg = algo.cfg
+    with torch.no_grad():
+        next_obs = algo.actor.enc(batch.next_obs)
+        a = algo.actor_target(next_obs)
+        if cfg.target_noise > 0:
+            a = (a + (cfg.target_noise * z).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)).clamp(-1, 1)
+        target = batch.reward + batch.discount * algo.critics_target(next_obs, a).min(0).values
+        q = algo.critics(algo.actor.enc(batch.obs), algo.actor.box.to_unit(batch.action))
+        return (q - target).square().mean(1).sum()
+
+
+def test_td3_smooths_target_actions_with_clipped_noise():
+    algo = make("td3", learning_starts=0, batch_size=16, hidden=(16,), target_noise=0.2, target_noise_clip=0.5)
+    fill(algo, 40, 3, None)
+    with torch.no_grad():  # targets apart from the online nets, and a target actor away from the bounds
+        for p in list(algo.critics_target.parameters()) + list(algo.actor_target.parameters()):
+            p.mul_(0.5).add_(0.1 * torch.randn_like(p))
+    batch = algo.replay.sample(16)
+
+    def loss(z):
+        _, critic_loss = next(algo.phases(batch, {"target": z}))
+        return critic_loss.item()
+
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(16, 1, generator=g) * 2  # some draws past the clip (0.2 * |z| > 0.5)
+    assert (0.2 * z.abs() > 0.5).any() and (0.2 * z.abs() < 0.5).any()
+    assert loss(z) == pytest.approx(td3_critic_loss_by_hand(algo, batch, z).item(), rel=1e-5)
+    # the noise is applied: it changes the target ...
+    zero = loss(torch.zeros(16, 1))
+    assert abs(loss(torch.full((16, 1), 1.0)) - zero) > 1e-4
+    # ... and clipped: 0.2 * 3 and 0.2 * 30 both clip to 0.5
+    assert loss(torch.full((16, 1), 3.0)) == pytest.approx(loss(torch.full((16, 1), 30.0)), rel=1e-6)
+    assert loss(torch.full((16, 1), 3.0)) != pytest.approx(loss(torch.full((16, 1), 2.0)), rel=1e-6)
+    # with target_noise 0 there is no smoothing and train_step draws no noise
+    algo.cfg.target_noise = 0.0
+    assert algo.draw_noise(16) == {}
+    _, unsmoothed = next(algo.phases(batch, {}))
+    assert unsmoothed.item() == pytest.approx(zero, rel=1e-6)
+    assert unsmoothed.item() == pytest.approx(td3_critic_loss_by_hand(algo, batch, None).item(), rel=1e-5)
 
 
 def test_polyak_update_matches_the_formula():
