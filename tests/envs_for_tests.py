@@ -93,3 +93,22 @@ class PixelTargetDict(PixelTarget):
     def step(self, action):
         frame, r, term, trunc, info = super().step(action)
         return {"frame": frame, "vec": np.ones(2, np.float32)}, r, term, trunc, info
+
+
+class RampEnv(gym.Env):
+    """obs = [t], reward = t after the t-th step; never terminates, truncates after `limit`
+    steps: a truncated step's final observation [limit] differs from the reset one [0]."""
+
+    def __init__(self, limit: int = 3):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.limit, self.t = limit, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([float(self.t)], np.float32), float(self.t), False, self.t >= self.limit, {}
