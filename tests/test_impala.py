@@ -56,6 +56,48 @@ def test_stale_behaviour_log_probs_are_clipped_by_rho_bar():
     assert stats["rho_clipfrac"] == 1.0
 
 
+@pytest.mark.parametrize("surrogate", [False, True])
+def test_off_policy_fragments_are_corrected_with_the_importance_ratios(surrogate):
+    """Behaviour log-probs that are not the current policy's: the update's losses are the ones
+    from ``corral.returns.vtrace`` called by hand with log rho = log pi - log mu (rho_bar and
+    c_bar apart, so swapping them shows), and differ from the uncorrected ones."""
+    from corral.returns import rollout_next_values, vtrace
+
+    L = filled(**{"impala.rho_bar": 1.5, "impala.c_bar": 0.8, "impala.surrogate": surrogate,
+                  "impala.clip_range": 0.2, "impala.gamma": 0.9})
+    algo = L.algo
+    d = algo.storage.data
+    T, N = d.rewards.shape
+    g = torch.Generator().manual_seed(0)
+    d.log_probs += torch.rand(T, N, generator=g) * 2.0 - 1.0  # rho = pi / mu from e^-1 to e
+    with torch.no_grad():
+        logp, _, value = algo.actor.evaluate_actions(d.obs.flatten(0, 1), d.actions.flatten(0, 1))
+        logp, value = logp.view(T, N), value.view(T, N)
+        last = algo.actor.value(algo.actor.normalize(algo._last_obs))
+        nv = rollout_next_values(value, last, d.truncated, d.final_values)
+        log_rho = logp - d.log_probs
+
+        def losses(log_rho):
+            vs, adv = vtrace(log_rho, d.rewards, value, nv, d.terminated, d.truncated, 0.9, 1.5, 0.8)
+            if surrogate:
+                ratio = log_rho.exp()
+                pg = torch.max(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)).mean()
+            else:
+                pg = -(adv * logp).mean()
+            return pg.item(), (value - vs).square().mean().item()
+
+        pg, v = losses(log_rho)
+        pg_on, v_on = losses(torch.zeros_like(log_rho))
+        rho = log_rho.exp()
+    assert (rho > 1.5).any() and (rho < 0.8).any()
+    stats = algo.update(0.0)
+    assert stats["pg_loss"] == pytest.approx(pg, rel=1e-4, abs=1e-6)
+    assert stats["v_loss"] == pytest.approx(v, rel=1e-4, abs=1e-6)
+    assert stats["rho_mean"] == pytest.approx(rho.mean().item(), rel=1e-5)
+    assert stats["rho_clipfrac"] == pytest.approx((rho > 1.5).float().mean().item())
+    assert abs(pg - pg_on) > 1e-3 and abs(v - v_on) > 1e-3  # the correction matters here
+
+
 def test_trained_2n_equals_trained_n_then_resumed_to_2n_bit_for_bit(tmp_path):
     n = 16 * 4 * 5
     a = Learner(build_config("impala", "CartPole-v1", steps=2 * n, seed=3, overrides=FAST), None, quiet=True)
