@@ -62,7 +62,14 @@ def test_collector_priority_targets_are_the_replay_buffers_targets(n_step):
     torch.testing.assert_close(batch.reward, ret[t, e])
     torch.testing.assert_close(batch.discount, discount[t, e])
     torch.testing.assert_close(batch.next_obs, next_obs[t, e])
-    assert data.priorities.shape == (50, 3) and bool((data.priorities >= 0).all())
+    # the priority of each transition: |Q(s, a) - (n-step return + discount * max_a' Q(s', a'))|
+    # with the collector's own (online) network, which is what Ape-X collectors hold
+    with torch.no_grad():
+        q = c.algo.actor.q(batch.obs).gather(-1, batch.action.unsqueeze(-1)).squeeze(-1)
+        target = batch.reward + batch.discount * c.algo.actor.q(batch.next_obs).amax(-1)
+    assert data.priorities.shape == (50, 3)
+    torch.testing.assert_close(data.priorities[t, e], (q - target).abs(), rtol=1e-5, atol=1e-6)
+    assert data.priorities.std() > 0
 
 
 def test_apex_ddpg_scores_transitions_with_the_broadcast_critic():
@@ -77,6 +84,17 @@ def test_apex_ddpg_scores_transitions_with_the_broadcast_critic():
     for k, v in learner_algo.critics.state_dict().items():
         assert torch.equal(c.algo.critics.state_dict()[k], v), k
     assert data.priorities.shape == (64, 2)
+    # by hand with the learner's networks (the shifted critics): the largest |TD| over the
+    # critics, targets from the min over them at mu(s'), as the learner's PER priorities
+    ret, next_obs, discount = nstep_window(data, c.algo.cfg.gamma, c.algo.cfg.n_step)
+    a = learner_algo
+    with torch.no_grad():
+        enc = a.actor.enc
+        o, no = enc(data.obs[:-1].flatten(0, 1)), enc(next_obs.flatten(0, 1))
+        q = a.critics(o, a.actor.box.to_unit(data.extras["action"].flatten(0, 1)))  # [critics, B]
+        target = ret.flatten() + discount.flatten() * a.critics(no, a.actor(no)).min(0).values
+        expected = (q - target).abs().max(0).values.view(64, 2)
+    torch.testing.assert_close(data.priorities, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_replay_client_draws_a_group_ahead_and_sends_back_every_priority():
