@@ -127,3 +127,22 @@ class LivesEnv(gym.Env):
             if self.lives == 0:
                 info[EPISODE_KEY] = self.score
         return np.array([float(self.lives)], np.float32), 1.0, lost, False, info
+
+
+class RampEnv(gym.Env):
+    """obs = [t], reward = t after the t-th step; never terminates, truncates after `limit`
+    steps: a truncated step's final observation [limit] differs from the reset one [0]."""
+
+    def __init__(self, limit: int = 3):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.limit, self.t = limit, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([float(self.t)], np.float32), float(self.t), False, self.t >= self.limit, {}

@@ -13,7 +13,7 @@ import torch
 
 from corral.algos import get_algo
 from corral.algos.base import Step, index_record, stack_records
-from corral.algos.ppo import PPO, PPOConfig, normalized
+from corral.algos.ppo import PPOConfig, normalized
 from corral.rng import RNGStreams
 from corral.schemes.collector import Collector, FragmentData, FragmentMeta, driver_paths
 from corral.schemes.fragments import FragmentScheme

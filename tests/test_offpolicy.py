@@ -2,9 +2,11 @@
 exact resume with the replay buffer, and bad input."""
 
 import json
+import math
 import os
 import subprocess
 import sys
+from dataclasses import fields, replace
 
 import gymnasium as gym
 import pytest
@@ -46,11 +48,15 @@ def test_every_off_policy_algorithm_runs_through_the_cli(tmp_path, capsys, algo,
 
 def make(algo, env_id="Pendulum-v1", num_envs=1, **overrides):
     env = gym.make(env_id)
+    return make_on(algo, env.observation_space, env.action_space, num_envs, **overrides)
+
+
+def make_on(algo, obs_space, act_space, num_envs=1, **overrides):
     spec = get_algo(algo)
     cfg = spec.cls.Config()
     for k, v in {**spec.overrides, **overrides}.items():
         setattr(cfg, k, v)
-    a = spec.cls(cfg, env.observation_space, env.action_space, num_envs, torch.device("cpu"), RNGStreams(0))
+    a = spec.cls(cfg, obs_space, act_space, num_envs, torch.device("cpu"), RNGStreams(0))
     a.total_steps = 1000
     return a
 
@@ -101,26 +107,48 @@ def test_a_dqn_update_matches_sampling_and_stepping_one_batch_at_a_time(double):
     assert torch.equal(a.replay.sample(8).indices, b.replay.sample(8).indices)  # same replay stream position
 
 
-def test_sac_critic_loss_moves_only_critics_and_actor_loss_only_the_actor():
-    algo = make("sac", learning_starts=0, batch_size=16, hidden=(16,))
+def phase_grads(algo, batch, noise=None):
+    """Drive one gradient step's phases as train_step does, but before each optimizer step
+    zero every optimizer's gradient and record, per phase, which networks the loss gave a
+    nonzero gradient and which networks the step moved."""
+    from corral.algos.offpolicy import drive
+
+    nets = {"actor": list(algo.actor.parameters()), "critics": list(algo.critics.parameters())}
+    if getattr(algo, "auto_alpha", False):
+        nets["log_alpha"] = [algo.log_alpha]
+    names = {id(o): n for n, o in vars(algo).items() if o in algo.optimizers()}
+    phases = []
+
+    def step(optimizer, loss):
+        for o in algo.optimizers():
+            o.zero_grad()
+        loss.backward()
+        before = {k: [p.detach().clone() for p in ps] for k, ps in nets.items()}
+        graded = {k for k, ps in nets.items() if any(p.grad is not None and p.grad.abs().sum() > 0 for p in ps)}
+        optimizer.step()
+        moved = {k for k, ps in nets.items() if any(not torch.equal(a, p) for a, p in zip(before[k], ps))}
+        phases.append((names[id(optimizer)], graded, moved))
+
+    noise = algo.draw_noise(batch.obs.shape[0]) if noise is None else noise
+    drive(algo.phases(batch, noise), step)
+    return phases
+
+
+@pytest.mark.parametrize("algo_name", ["sac", "td3"])
+def test_each_loss_reaches_and_moves_only_its_own_network(algo_name):
+    # every learning rate nonzero: a loss that leaked gradient into another network would move it
+    algo = make(algo_name, learning_starts=0, batch_size=16, hidden=(16,), lr=1e-2, policy_delay=1)
     fill(algo, 40, 3, None)
-    actor_before = [p.clone() for p in algo.actor.parameters()]
-    critic_before = [p.clone() for p in algo.critics.parameters()]
-    algo.cfg.policy_delay = 10**9  # critic step only
-    algo.train_step(algo.replay.sample(16))
-    assert all(torch.equal(a, b) for a, b in zip(actor_before, algo.actor.parameters()))
-    assert any(not torch.equal(a, b) for a, b in zip(critic_before, algo.critics.parameters()))
-    # the actor loss: critics pass gradient to the action but are not stepped
-    algo.cfg.policy_delay = 1
-    algo.critic_opt.param_groups[0]["lr"] = 0.0
-    critic_before = [p.clone() for p in algo.critics.parameters()]
-    algo.train_step(algo.replay.sample(16))
-    assert all(torch.equal(a, b) for a, b in zip(critic_before, algo.critics.parameters()))
-    assert any(not torch.equal(a, b) for a, b in zip(actor_before, algo.actor.parameters()))
-    assert all(p.grad is None or p.grad.abs().sum() == 0 or True for p in algo.critics.parameters())
+    phases = phase_grads(algo, algo.replay.sample(16))
+    expected = [("critic_opt", {"critics"}, {"critics"}), ("actor_opt", {"actor"}, {"actor"})]
+    if algo_name == "sac":
+        expected.append(("alpha_opt", {"log_alpha"}, {"log_alpha"}))
+    assert phases == expected
+    # and the critics' requires_grad is back on for the next critic step
+    assert all(p.requires_grad for p in algo.critics.parameters())
 
 
-def test_td3_delays_the_actor_and_smooths_target_actions():
+def test_td3_delays_the_actor_by_policy_delay():
     algo = make("td3", learning_starts=0, batch_size=16, hidden=(16,), policy_delay=2)
     fill(algo, 40, 3, None)
     before = [p.clone() for p in algo.actor.parameters()]
@@ -129,6 +157,230 @@ def test_td3_delays_the_actor_and_smooths_target_actions():
     algo.grad_steps += 1
     algo.train_step(algo.replay.sample(16))  # grad step 2: actor too
     assert any(not torch.equal(a, b) for a, b in zip(before, algo.actor.parameters()))
+
+
+def td3_critic_loss_by_hand(algo, batch, z):
+    """TD3's critic loss from the paper: a' = clip(mu'(s') + clip(sigma z, -c, c), -1, 1)."""
+    cfg = algo.cfg
+    with torch.no_grad():
+        next_obs = algo.actor.enc(batch.next_obs)
+        a = algo.actor_target(next_obs)
+        if cfg.target_noise > 0:
+            a = (a + (cfg.target_noise * z).clamp(-cfg.target_noise_clip, cfg.target_noise_clip)).clamp(-1, 1)
+        target = batch.reward + batch.discount * algo.critics_target(next_obs, a).min(0).values
+        q = algo.critics(algo.actor.enc(batch.obs), algo.actor.box.to_unit(batch.action))
+        return (q - target).square().mean(1).sum()
+
+
+def test_td3_smooths_target_actions_with_clipped_noise():
+    algo = make("td3", learning_starts=0, batch_size=16, hidden=(16,), target_noise=0.2, target_noise_clip=0.5)
+    fill(algo, 40, 3, None)
+    with torch.no_grad():  # targets apart from the online nets, and a target actor away from the bounds
+        for p in list(algo.critics_target.parameters()) + list(algo.actor_target.parameters()):
+            p.mul_(0.5).add_(0.1 * torch.randn_like(p))
+    batch = algo.replay.sample(16)
+
+    def loss(z):
+        _, critic_loss = next(algo.phases(batch, {"target": z}))
+        return critic_loss.item()
+
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(16, 1, generator=g) * 2  # some draws past the clip (0.2 * |z| > 0.5)
+    assert (0.2 * z.abs() > 0.5).any() and (0.2 * z.abs() < 0.5).any()
+    assert loss(z) == pytest.approx(td3_critic_loss_by_hand(algo, batch, z).item(), rel=1e-5)
+    # the noise is applied: it changes the target ...
+    zero = loss(torch.zeros(16, 1))
+    assert abs(loss(torch.full((16, 1), 1.0)) - zero) > 1e-4
+    # ... and clipped: 0.2 * 3 and 0.2 * 30 both clip to 0.5
+    assert loss(torch.full((16, 1), 3.0)) == pytest.approx(loss(torch.full((16, 1), 30.0)), rel=1e-6)
+    assert loss(torch.full((16, 1), 3.0)) != pytest.approx(loss(torch.full((16, 1), 2.0)), rel=1e-6)
+    # with target_noise 0 there is no smoothing and train_step draws no noise
+    algo.cfg.target_noise = 0.0
+    assert algo.draw_noise(16) == {}
+    _, unsmoothed = next(algo.phases(batch, {}))
+    assert unsmoothed.item() == pytest.approx(zero, rel=1e-6)
+    assert unsmoothed.item() == pytest.approx(td3_critic_loss_by_hand(algo, batch, None).item(), rel=1e-5)
+
+
+# --- SAC's temperature and squashed Gaussian
+
+
+def test_sac_target_entropy_defaults_to_minus_the_action_dimension():
+    obs = gym.spaces.Box(-1, 1, (3,))
+    for dim in (1, 3, 6):
+        assert make_on("sac", obs, gym.spaces.Box(-2, 2, (dim,))).target_entropy == -dim
+    assert make_on("sac", obs, gym.spaces.Box(-2, 2, (2, 3))).target_entropy == -6  # all action dims
+    assert make_on("sac", obs, gym.spaces.Box(-2, 2, (3,)), target_entropy=-0.5).target_entropy == -0.5
+
+
+@pytest.mark.parametrize("target", [10.0, -50.0])
+def test_sac_temperature_rises_below_the_entropy_target_and_falls_above_it(target):
+    from corral.algos.offpolicy import drive
+
+    algo = make("sac", learning_starts=0, batch_size=16, hidden=(16,), target_entropy=target)
+    fill(algo, 40, 3, None)
+    batch = algo.replay.sample(16)
+    noise = algo.draw_noise(16)
+    with torch.no_grad():
+        _, logp = algo.actor(algo.actor.enc(batch.obs), noise=noise["new"])
+    entropy = -logp.mean().item()
+    assert entropy < 10.0 and entropy > -50.0  # so target 10 is above the entropy and -50 below
+    grads = []
+
+    def step(optimizer, loss):
+        optimizer.zero_grad()
+        loss.backward()
+        if optimizer is algo.alpha_opt:
+            grads.append(algo.log_alpha.grad.item())
+        optimizer.step()
+
+    before = algo.log_alpha.item()
+    drive(algo.phases(batch, noise), step)
+    # d/d log_alpha of -log_alpha * (log pi + target), averaged: entropy - target
+    assert grads == [pytest.approx(entropy - target, rel=1e-5)]
+    if entropy < target:
+        assert algo.log_alpha.item() > before
+    else:
+        assert algo.log_alpha.item() < before
+
+
+def test_sac_with_a_fixed_ent_coef_keeps_alpha_and_uses_it_in_the_actor_loss():
+    algo = make("sac", learning_starts=0, batch_size=16, hidden=(16,), ent_coef=0.3, lr=1e-2)
+    assert algo.alpha_opt is None and not algo.log_alpha.requires_grad
+    fill(algo, 40, 3, None)
+    for _ in range(3):
+        stats, _ = algo.train_step(algo.replay.sample(16))
+        assert stats["alpha"].item() == pytest.approx(0.3)
+    assert algo.log_alpha.item() == pytest.approx(math.log(0.3), abs=1e-7)
+    batch = algo.replay.sample(16)
+    noise = algo.draw_noise(16)
+    steps = algo.phases(batch, noise)
+    next(steps)
+    optimizer, actor_loss = steps.send(None)
+    assert optimizer is algo.actor_opt
+    with pytest.raises(StopIteration):  # no temperature phase
+        steps.send(None)
+    with torch.no_grad():
+        obs = algo.actor.enc(batch.obs)
+        a, logp = algo.actor(obs, noise=noise["new"])
+        expected = (0.3 * logp - algo.critics(obs, a).min(0).values).mean()
+    assert actor_loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_squashed_gaussian_log_prob_is_torch_distributions_tanh_normal():
+    from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
+
+    from corral.actors.offpolicy import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianActor
+
+    low, high = torch.tensor([-2.0, 0.0, -1.0]), torch.tensor([2.0, 1.0, 3.0])
+    actor = SquashedGaussianActor(gym.spaces.Box(-1, 1, (5,)), gym.spaces.Box(low.numpy(), high.numpy()),
+                                  hidden=(16,)).double()
+    g = torch.Generator().manual_seed(0)
+    x = 0.3 * torch.randn(64, 5, generator=g, dtype=torch.float64)
+    noise = torch.randn(64, 3, generator=g, dtype=torch.float64).clamp(-1.5, 1.5)
+    action, logp = actor(x, noise=noise)
+    mean, log_std = actor.net(x).chunk(2, -1)
+    std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()
+    pre = mean + std * noise
+    assert pre.abs().max() < 4  # where atanh in TransformedDistribution.log_prob is accurate in float64
+    unit = TransformedDistribution(Normal(mean, std), [TanhTransform()])
+    torch.testing.assert_close(action, torch.tanh(pre))
+    torch.testing.assert_close(logp, unit.log_prob(action).sum(-1))
+    # to the env's bounds: an affine map, whose density differs by the constant sum log((high - low) / 2)
+    scale, loc = ((high - low) / 2).double(), ((high + low) / 2).double()
+    env = TransformedDistribution(Normal(mean, std), [TanhTransform(), AffineTransform(loc, scale)])
+    env_action = actor.box.double().to_env(action)
+    torch.testing.assert_close(env_action, loc + scale * action)
+    torch.testing.assert_close(env.log_prob(env_action).sum(-1), logp - scale.log().sum())
+    # saturated tanh: finite and equal to log N(pre) - sum log(1 - tanh(pre)^2) in exact form
+    big = torch.full((4, 3), 30.0, dtype=torch.float64) * torch.tensor([[1.0], [-1.0], [1.0], [-1.0]],
+                                                                        dtype=torch.float64)
+    actor32 = SquashedGaussianActor(gym.spaces.Box(-1, 1, (5,)), gym.spaces.Box(-1, 1, (3,)), hidden=(16,))
+    with torch.no_grad():
+        actor32.net[-1].weight.zero_()
+        actor32.net[-1].bias.zero_()  # mean 0, log_std 0
+    _, lp = actor32(torch.zeros(4, 5), noise=big.float())
+    exact = (-0.5 * 30.0**2 - 0.5 * math.log(2 * math.pi)) * 3 - 3 * (math.log(4) - 60.0 - 2 * math.log1p(math.exp(-60)))
+    assert torch.isfinite(lp).all()
+    torch.testing.assert_close(lp, torch.full((4,), exact), rtol=1e-5, atol=1e-3)
+
+
+# --- DQN: dueling head and the epsilon schedule
+
+
+def test_dueling_q_is_value_plus_advantage_minus_its_mean_on_a_hand_set_network():
+    from corral.actors.offpolicy import QNetwork
+
+    net = QNetwork(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3), hidden=(8, 8), dueling=True)
+    with torch.no_grad():
+        w, bias = net.streams.weights[-1], net.streams.biases[-1]  # [2 streams, out, in], [2, 1, out]
+        w.zero_()
+        bias[0, 0] = torch.tensor([2.0, 99.0, -99.0])  # V = 2; the value stream's other outputs are unused
+        bias[1, 0] = torch.tensor([1.0, 2.0, 6.0])  # A, mean 3
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(net.q(x), torch.tensor([[0.0, 1.0, 5.0]]).expand(5, 3))
+    with torch.no_grad():
+        bias[1, 0] += 10.0  # a constant added to A changes nothing
+        bias[0, 0, 0] += 0.5  # V shifts every Q
+    torch.testing.assert_close(net.q(x), torch.tensor([[0.5, 1.5, 5.5]]).expand(5, 3))
+
+
+def test_dqn_epsilon_decays_linearly_over_the_exploration_fraction_then_stays():
+    algo = make("dqn", "CartPole-v1", exploration_fraction=0.2, exploration_initial_eps=1.0,
+                exploration_final_eps=0.1)
+    algo.total_steps = 1000  # decay over the first 200 env steps
+    for steps, eps in [(0, 1.0), (50, 0.775), (100, 0.55), (199, 0.1045), (200, 0.1), (600, 0.1), (5000, 0.1)]:
+        algo.env_steps = steps
+        assert algo.epsilon == pytest.approx(eps), steps
+    L = Learner(build_config("dqn", "CartPole-v1", steps=1234, overrides={"eval.episodes": 0, "tensorboard": False}),
+                None, quiet=True)
+    assert L.algo.total_steps == 1234  # the Learner sets the run's budget the schedule spans
+
+
+@pytest.mark.parametrize("eps", [0.0, 1.0])
+def test_dqn_explore_acts_greedily_at_epsilon_zero_and_uniformly_at_one(eps):
+    algo = make("dqn", "CartPole-v1", exploration_initial_eps=eps, exploration_final_eps=eps, hidden=(16,))
+    obs = torch.randn(4000, 4, generator=torch.Generator().manual_seed(0))
+    action, _ = algo.explore(obs)
+    greedy = algo.actor.q(obs).argmax(-1)
+    agree = (action == greedy).float().mean().item()
+    # eps 1: uniform over 2 actions agrees with greedy half the time (4000 draws: +-0.03 is 4 sigma)
+    assert agree == 1.0 if eps == 0.0 else abs(agree - 0.5) < 0.03
+
+
+# --- prioritized replay: the importance weights reach every TD loss
+
+
+def first_loss_grads(algo, batch, noise):
+    steps = algo.phases(batch, noise)
+    optimizer, loss = next(steps)
+    steps.close()
+    return torch.cat([g.flatten() for g in torch.autograd.grad(loss, optimizer.params)])
+
+
+def rows(batch, idx):
+    return replace(batch, **{f.name: getattr(batch, f.name)[idx] for f in fields(batch)})
+
+
+@pytest.mark.parametrize("algo_name,env_id,obs_dim", [("dqn", "CartPole-v1", 4), ("sac", "Pendulum-v1", 3),
+                                                      ("td3", "Pendulum-v1", 3)])
+def test_per_weights_multiply_each_samples_td_loss(algo_name, env_id, obs_dim):
+    algo = make(algo_name, env_id, prioritized=True, learning_starts=0, batch_size=8, hidden=(16,))
+    fill(algo, 40, obs_dim, None)
+    batch = algo.replay.sample(8)
+    noise = algo.draw_noise(8)
+    k = 3
+    one_hot = torch.zeros(8)
+    one_hot[k] = 1.0
+    weighted = first_loss_grads(algo, replace(batch, weights=one_hot), noise)
+    alone = first_loss_grads(algo, replace(rows(batch, slice(k, k + 1)), weights=torch.ones(1)),
+                             {n: v[k:k + 1] for n, v in noise.items()})
+    assert alone.abs().sum() > 0
+    # the loss is a mean over 8 rows: only row k's gradient remains, divided by 8
+    torch.testing.assert_close(weighted * 8, alone, rtol=1e-4, atol=1e-6)
+    # and a weight scales its row: 2.5 on row k gives 2.5 times that gradient
+    scaled = first_loss_grads(algo, replace(batch, weights=one_hot * 2.5), noise)
+    torch.testing.assert_close(scaled, 2.5 * weighted, rtol=1e-4, atol=1e-6)
 
 
 def test_polyak_update_matches_the_formula():

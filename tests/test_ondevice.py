@@ -90,11 +90,34 @@ def test_bad_options_are_user_errors():
         train_ondevice("sac", "native:Pendulum-v1")
 
 
-def test_native_evaluation_counts_one_episode_per_env():
-    cfg, _, _ = ondevice_config("CartPole-v1", batch_size=32)
-    trainer = OnDevicePPO(make_native("CartPole-v1", 4), cfg, seed=0)
-    returns = evaluate_native(trainer.actor, "CartPole-v1", episodes=6, seed=1)
-    assert returns.shape == (6,) and bool(((returns >= 1) & (returns <= 500)).all())
+def hand_stepped_first_returns(actor, env_id, episodes, seed):
+    """Each env copy's first episode return, stepping the same native env and adding rewards
+    per env in plain Python until that env's first termination or truncation."""
+    env = make_native(env_id, episodes, seed=seed)
+    obs = env.reset(seed=seed)
+    returns, open_ = [0.0] * episodes, [True] * episodes
+    with torch.no_grad():
+        while any(open_):
+            obs, reward, terminated, truncated, _ = env.step(actor.act(obs, deterministic=True))
+            for i, (r, te, tr) in enumerate(zip(reward.tolist(), terminated.tolist(), truncated.tolist())):
+                if open_[i]:
+                    returns[i] += r
+                    open_[i] = not (te or tr)
+    return returns
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_native_evaluation_counts_each_envs_first_episode_and_nothing_after(env_id):
+    # an untrained CartPole policy ends episodes after ~10-60 steps and the env resets itself,
+    # so a mask that let later episodes in (or dropped an episode's last reward) shows here
+    cfg, _, _ = ondevice_config(env_id, batch_size=32)
+    trainer = OnDevicePPO(make_native(env_id, 4), cfg, seed=0)
+    returns = evaluate_native(trainer.actor, env_id, episodes=6, seed=1)
+    assert returns.shape == (6,) and returns.dtype == torch.float64
+    expected = hand_stepped_first_returns(trainer.actor, env_id, 6, seed=1)
+    assert returns.tolist() == pytest.approx(expected, rel=1e-6)
+    if env_id == "CartPole-v1":
+        assert max(expected) < 500 and len(set(expected)) > 1  # episodes of different, short lengths
 
 
 def test_ppo_solves_native_cartpole_within_seconds():

@@ -1,5 +1,7 @@
 """PPO pieces checked against independent computations (torch.distributions, hand math)."""
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -45,6 +47,12 @@ def test_actions_are_scaled_to_the_box_bounds_and_clipped():
     assert out.tolist() == [[-2.0, 0.0], [0.0, 5.0], [2.0, 10.0], [2.0, 0.0]]
 
 
+def observe(algo, obs, extras, reward, terminated, truncated, final_obs, next_obs):
+    """The one place this file hands a step to ``Algorithm.observe`` (its signature is the
+    Learner's business; adapt it here)."""
+    algo.observe(Step(obs, extras, reward, terminated, truncated, final_obs, next_obs))
+
+
 def make_ppo(env_id="CartPole-v1", **kw):
     env = gym.make(env_id)
     cfg = PPOConfig(**{"n_steps": 8, "batch_size": 8, "n_epochs": 1, **kw})
@@ -77,8 +85,8 @@ def test_clipped_surrogate_matches_the_paper_formula():
         for t in range(8):
             env_a, ex = algo.explore(obs[t])
             ex = ex._replace(log_prob=ex.log_prob + torch.randn(2, generator=g) * 0.3)  # another behaviour policy
-            algo.observe(Step(obs[t], ex, torch.ones(2), torch.zeros(2, dtype=torch.bool),
-                              torch.zeros(2, dtype=torch.bool), obs[t], obs[min(t + 1, 7)]))
+            observe(algo, obs[t], ex, torch.ones(2), torch.zeros(2, dtype=torch.bool),
+                    torch.zeros(2, dtype=torch.bool), obs[t], obs[min(t + 1, 7)])
     d = algo.storage.data
     with torch.no_grad():
         params, values = algo.actor(d.obs.flatten(0, 1))
@@ -105,8 +113,8 @@ def test_linear_schedules_anneal_learning_rate_and_clip_range():
     with torch.no_grad():
         for t in range(8):
             _, ex = algo.explore(torch.zeros(2, 4))
-            algo.observe(Step(None, ex, torch.ones(2), torch.zeros(2, dtype=torch.bool),
-                              torch.zeros(2, dtype=torch.bool), torch.zeros(2, 4), torch.zeros(2, 4)))
+            observe(algo, None, ex, torch.ones(2), torch.zeros(2, dtype=torch.bool),
+                    torch.zeros(2, dtype=torch.bool), torch.zeros(2, 4), torch.zeros(2, 4))
     stats = algo.update(progress=0.75)
     assert stats["lr"] == pytest.approx(2.5e-4) and stats["clip_range"] == pytest.approx(0.05)
 
@@ -246,3 +254,129 @@ def test_categorical_fast_loss_matches_autograd_of_the_formula(ent_coef):
     assert stats[4].item() == pytest.approx(clipped.item())
     for g, r in zip(grads, ref_grads):
         assert torch.allclose(g, r, atol=1e-10), (g - r).abs().max()
+
+
+# --- value clipping, reward normalization and the truncation path
+
+
+class FixedOutputs:
+    """An actor stub for ``ppo_loss``: log-probs 0 (ratio 1 against old log-probs 0), no
+    entropy, and values given as a leaf tensor, so the value loss and its gradient are
+    read off directly."""
+
+    head = None
+
+    def __init__(self, values):
+        self.values = torch.tensor(values, requires_grad=True)
+
+    def evaluate_actions(self, obs, actions):
+        n = self.values.shape[0]
+        return torch.zeros(n), torch.zeros(n), self.values
+
+
+def test_value_clipping_takes_the_larger_of_the_clipped_and_unclipped_errors():
+    from corral.algos.ppo import ppo_loss
+
+    cfg = PPOConfig(clip_range_vf=0.2, vf_coef=0.5, ent_coef=0.0)
+    actor = FixedOutputs([1.5, 0.8, 3.0])
+    old_values, ret = torch.tensor([1.0, 1.0, 1.0]), torch.tensor([2.0, 0.0, 1.5])
+    zeros = torch.zeros(3)
+    loss, stats = ppo_loss(actor, None, None, zeros, old_values, zeros, ret, 0.2, cfg)
+    # clipped values: 1.2, 0.8, 1.2
+    # row 0: unclipped (1.5 - 2)^2 = 0.25, clipped (1.2 - 2)^2 = 0.64 -> 0.64 (no gradient: the clip saturates)
+    # row 1: within the clip, (0.8 - 0)^2 = 0.64 both
+    # row 2: unclipped (3 - 1.5)^2 = 2.25, clipped (1.2 - 1.5)^2 = 0.09 -> 2.25
+    assert stats[1].item() == pytest.approx((0.64 + 0.64 + 2.25) / 3)
+    loss.backward()
+    # d/dv of 0.5 * mean: rows 1, 2 give 0.5 * 2 (v - ret) / 3, row 0 nothing
+    torch.testing.assert_close(actor.values.grad, torch.tensor([0.0, 0.5 * 2 * 0.8 / 3, 0.5 * 2 * 1.5 / 3]))
+    # without value clipping: the plain squared error
+    cfg.clip_range_vf = None
+    _, stats = ppo_loss(FixedOutputs([1.5, 0.8, 3.0]), None, None, zeros, old_values, zeros, ret, 0.2, cfg)
+    assert stats[1].item() == pytest.approx((0.25 + 0.64 + 2.25) / 3)
+
+
+def test_value_clipping_reaches_the_categorical_actor_critic():
+    from corral.algos.ppo import ppo_loss
+
+    algo = make_ppo()
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, value = algo.actor(x)
+    old_values = value + torch.tensor([0.5, -0.5, 0.05, -0.05, 1.0, 0.0])
+    ret = value + torch.tensor([1.0, 1.0, -1.0, 0.3, -2.0, 0.1])
+    cfg = PPOConfig(clip_range_vf=0.1)
+    _, stats = ppo_loss(algo.actor, x, torch.zeros(6, dtype=torch.long), torch.zeros(6), old_values,
+                        torch.zeros(6), ret, 0.2, cfg)
+    clipped = old_values + (value - old_values).clamp(-0.1, 0.1)
+    expected = torch.max((value - ret).square(), (clipped - ret).square()).mean()
+    assert stats[1].item() == pytest.approx(expected.item(), rel=1e-5)
+    assert expected.item() != pytest.approx((value - ret).square().mean().item(), rel=1e-3)
+
+
+def ramp_learner(monkeypatch, **over):
+    """PPO through the Learner on ``RampEnv`` (truncation every 3 steps), one env, one
+    8-step rollout; returns the learner and what ``ppo_batch`` got and gave at the update."""
+    import corral.algos.ppo as ppo_module
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config
+
+    seen = {}
+    real = ppo_module.ppo_batch
+
+    def spy(cfg, data, last_value):
+        seen["data"] = type(data)(**{k: v.clone() for k, v in vars(data).items()})
+        seen["last_value"] = last_value.clone()
+        seen["out"] = real(cfg, data, last_value)
+        return seen["out"]
+
+    monkeypatch.setattr(ppo_module, "ppo_batch", spy)
+    overrides = {"env.num_envs": 1, "n_steps": 8, "batch_size": 8, "n_epochs": 1, "normalize_advantage": False,
+                 "gamma": 0.9, "gae_lambda": 0.8, "eval.episodes": 0, "tensorboard": False, "progress": False,
+                 "env.kwargs": {"limit": 3}, **over}
+    cfg = build_config("ppo", "envs_for_tests:RampEnv", steps=8, overrides=overrides)
+    L = Learner(cfg, None, quiet=True)
+    values = {x: L.algo.actor.value(L.algo.actor.normalize(torch.tensor([[float(x)]]))).item() for x in range(4)}
+    next(L.stream())
+    return L, seen, values
+
+
+def test_a_truncated_steps_final_value_reaches_the_advantages_through_the_learner(monkeypatch):
+    L, seen, V = ramp_learner(monkeypatch)
+    d = seen["data"]
+    # observations 0 1 2 | 0 1 2 | 0 1, truncated after the 2s (final obs [3], next obs the reset [0])
+    assert d.obs.flatten().tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert d.truncated.flatten().tolist() == [False, False, True, False, False, True, False, False]
+    assert abs(V[3] - V[0]) > 1e-3  # so bootstrapping from the reset obs would show
+    torch.testing.assert_close(d.final_values.flatten(), torch.tensor([0, 0, V[3], 0, 0, V[3], 0, 0]))
+    # GAE by hand, gamma 0.9, lambda 0.8: bootstrap V(final obs) at truncation, V(2) after the rollout
+    obs = [0, 1, 2, 0, 1, 2, 0, 1]
+    rewards = [1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 1.0, 2.0]
+    nxt = [V[1], V[2], V[3], V[1], V[2], V[3], V[1], V[2]]
+    adv, running = [0.0] * 8, 0.0
+    for t in reversed(range(8)):
+        if obs[t] == 2:  # the episode was cut after this step: nothing flows back across it
+            running = 0.0
+        running = rewards[t] + 0.9 * nxt[t] - V[obs[t]] + 0.9 * 0.8 * running
+        adv[t] = running
+    _, advantages, returns, _ = seen["out"]
+    assert advantages.tolist() == pytest.approx(adv, rel=1e-5, abs=1e-5)
+    assert returns.tolist() == pytest.approx([a + V[o] for a, o in zip(adv, obs)], rel=1e-5, abs=1e-5)
+
+
+def test_reward_normalization_divides_by_the_running_std_of_the_discounted_return(monkeypatch):
+    L, seen, _ = ramp_learner(monkeypatch, normalize_reward=True, reward_clip=5.0)
+    rewards = [1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 1.0, 2.0]
+    # the discounted return per step, reset after each truncation: 1, 0.9 + 2, 0.9 * 2.9 + 3, 1, ...
+    returns, g = [], 0.0
+    for t, r in enumerate(rewards):
+        g = 0.9 * g + r
+        returns.append(g)
+        if t % 3 == 2:
+            g = 0.0
+    # each reward divided by the std of all returns so far (population variance, the running one), clipped
+    stored = [max(-5.0, min(5.0, r / math.sqrt(np.var(returns[:t + 1]) + 1e-8))) for t, r in enumerate(rewards)]
+    assert stored[0] == 5.0  # one sample: variance 0, so 1 / 1e-4 is clipped
+    assert seen["data"].rewards.flatten().tolist() == pytest.approx(stored, rel=1e-5)
+    assert L.algo.ret_norm.var.item() == pytest.approx(np.var(returns), rel=1e-6)  # float32 returns
+    assert L.algo.ret_norm.count.item() == 8

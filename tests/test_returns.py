@@ -1,5 +1,6 @@
 """Returns math against hand-worked arrays, a plain Python loop and known answers."""
 
+import math
 import random
 
 import pytest
@@ -99,10 +100,40 @@ def test_discounted_returns_of_constant_reward_reach_the_geometric_sum():
     assert ret[0, 0].item() == pytest.approx((1 - 0.9**T) / (1 - 0.9))
 
 
-def test_vtrace_on_policy_equals_lambda_one_returns():
-    # With pi == mu (log_rhos = 0) and rho_bar = c_bar = 1, V-trace targets are the
-    # bootstrapped discounted returns (Espeholt et al. 2018, remark 1).
-    T, N = 15, 4
+def reference_vtrace(log_rhos, rewards, values, next_values, term, trunc, gamma, rho_bar, c_bar):
+    """Plain Python, one env, from Espeholt et al. 2018 as written: eq. 1 as the explicit sum
+
+        v_s = V(x_s) + sum_{t=s}^{e} gamma^(t-s) (prod_{i=s}^{t-1} c_i) delta_t V,
+        delta_t V = rho_t (r_t + gamma V(x_{t+1}) - V(x_t)),
+
+    with e the episode's (or the rollout's) last step, V(x_{t+1}) = 0 after termination, and
+    the policy-gradient advantage rho_s (r_s + gamma v_{s+1} - V(x_s)) with v_{s+1} the next
+    state's target (its bootstrap value at an episode or rollout end)."""
+    T = len(rewards)
+    rho = [min(rho_bar, math.exp(x)) for x in log_rhos]
+    c = [min(c_bar, math.exp(x)) for x in log_rhos]
+    boot = [0.0 if term[t] else next_values[t] for t in range(T)]
+    delta = [rho[t] * (rewards[t] + gamma * boot[t] - values[t]) for t in range(T)]
+    vs = []
+    for s in range(T):
+        total, weight, t = 0.0, 1.0, s
+        while True:
+            total += weight * delta[t]
+            if term[t] or trunc[t] or t == T - 1:
+                break
+            weight *= gamma * c[t]
+            t += 1
+        vs.append(values[s] + total)
+    pg = []
+    for s in range(T):
+        v_next = boot[s] if (term[s] or trunc[s] or s == T - 1) else vs[s + 1]
+        pg.append(rho[s] * (rewards[s] + gamma * v_next - values[s]))
+    return vs, pg
+
+
+@pytest.mark.parametrize("off_policy", [False, True])
+def test_vtrace_matches_the_papers_sum_on_random_rollouts(off_policy):
+    T, N = 23, 4
     g = torch.Generator().manual_seed(2)
     rewards = torch.randn(T, N, generator=g, dtype=torch.float64)
     values = torch.randn(T, N, generator=g, dtype=torch.float64)
@@ -110,11 +141,43 @@ def test_vtrace_on_policy_equals_lambda_one_returns():
     trunc = (torch.rand(T, N, generator=g) < 0.1) & ~term
     nv = rollout_next_values(values, torch.randn(N, generator=g, dtype=torch.float64), trunc,
                              torch.randn(T, N, generator=g, dtype=torch.float64))
-    vs, pg_adv = vtrace(torch.zeros(T, N, dtype=torch.float64), rewards, values, nv, term, trunc, 0.95)
-    ret = discounted_returns(rewards, term, trunc, nv, 0.95)
-    assert torch.allclose(vs, ret)
-    vs_next = torch.where(term | trunc, nv, torch.cat([vs[1:], nv[-1:]]))
-    assert torch.allclose(pg_adv, rewards + 0.95 * (~term) * vs_next - values)
+    # off-policy: ratios from about 0.2 to 5, so both clips (rho_bar 1.2, c_bar 0.9) bite
+    log_rhos = (torch.rand(T, N, generator=g, dtype=torch.float64) * 3.2 - 1.6) if off_policy \
+        else torch.zeros(T, N, dtype=torch.float64)
+    rho_bar, c_bar = (1.2, 0.9) if off_policy else (1.0, 1.0)
+    vs, pg_adv = vtrace(log_rhos, rewards, values, nv, term, trunc, 0.95, rho_bar, c_bar)
+    for j in range(N):
+        ref_vs, ref_pg = reference_vtrace(log_rhos[:, j].tolist(), rewards[:, j].tolist(), values[:, j].tolist(),
+                                          nv[:, j].tolist(), term[:, j].tolist(), trunc[:, j].tolist(), 0.95,
+                                          rho_bar, c_bar)
+        assert vs[:, j].tolist() == pytest.approx(ref_vs, rel=1e-9, abs=1e-12)
+        assert pg_adv[:, j].tolist() == pytest.approx(ref_pg, rel=1e-9, abs=1e-12)
+    if not off_policy:
+        # Espeholt et al. 2018, remark 1: on-policy with c_bar = 1, the targets are n-step returns
+        assert torch.allclose(vs, discounted_returns(rewards, term, trunc, nv, 0.95))
+
+
+def test_vtrace_hand_worked_three_steps_with_a_termination_and_both_clips():
+    # one env, gamma = 0.5, rho_bar = 1.5, c_bar = 0.5; rhos = [2, 0.25, 4]; termination after step 1
+    # clipped rho = [1.5, 0.25, 1.5], c = [0.5, 0.25, 0.5]
+    log_rhos = torch.log(torch.tensor([[2.0], [0.25], [4.0]], dtype=torch.float64))
+    rewards, values = t([1.0, 2.0, 1.0]), t([1.0, 2.0, 3.0])
+    nv = t([2.0, 9.0, 4.0])  # V(x1) = 2; after step 1 masked (terminated); bootstrap V(x3) = 4
+    vs, pg = vtrace(log_rhos, rewards, values, nv, b([False, True, False]), b([False, False, False]),
+                    gamma=0.5, rho_bar=1.5, c_bar=0.5)
+    # delta0 = 1.5 (1 + 0.5 * 2 - 1) = 1.5 ; delta1 = 0.25 (2 + 0 - 2) = 0 ; delta2 = 1.5 (1 + 0.5 * 4 - 3) = 0
+    # vs2 = 3 + 0 = 3 ; vs1 = 2 + 0 = 2 (the episode ends) ; vs0 = 1 + 1.5 + 0.5 * 0.5 * 0 = 2.5
+    assert vs.flatten().tolist() == pytest.approx([2.5, 2.0, 3.0])
+    # pg0 = 1.5 (1 + 0.5 * vs1 - 1) = 1.5 ; pg1 = 0.25 (2 + 0 - 2) = 0 ; pg2 = 1.5 (1 + 0.5 * 4 - 3) = 0
+    assert pg.flatten().tolist() == pytest.approx([1.5, 0.0, 0.0])
+    # the same with a nonzero TD error after the boundary, so c0 carries it into vs0 only within the episode
+    rewards2 = t([1.0, 4.0, 3.0])
+    vs2, pg2 = vtrace(log_rhos, rewards2, values, nv, b([False, True, False]), b([False, False, False]),
+                      gamma=0.5, rho_bar=1.5, c_bar=0.5)
+    # delta1 = 0.25 (4 - 2) = 0.5 ; delta2 = 1.5 (3 + 2 - 3) = 3 ; vs2 = 6 ; vs1 = 2.5 ; vs0 = 1 + 1.5 + 0.25 * 0.5 = 2.625
+    assert vs2.flatten().tolist() == pytest.approx([2.625, 2.5, 6.0])
+    # pg0 = 1.5 (1 + 0.5 * 2.5 - 1) = 1.875 ; pg1 = 0.25 (4 - 2) = 0.5 ; pg2 = 1.5 (3 + 2 - 3) = 3
+    assert pg2.flatten().tolist() == pytest.approx([1.875, 0.5, 3.0])
 
 
 def test_vtrace_hand_worked_two_steps_with_clipping():
