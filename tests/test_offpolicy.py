@@ -116,11 +116,11 @@ def phase_grads(algo, batch, noise=None):
     nets = {"actor": list(algo.actor.parameters()), "critics": list(algo.critics.parameters())}
     if getattr(algo, "auto_alpha", False):
         nets["log_alpha"] = [algo.log_alpha]
-    names = {id(o): n for n, o in vars(algo).items() if o in algo.optimizers()}
+    names = {id(getattr(algo, n)): n for n in algo.optimizers if getattr(algo, n) is not None}
     phases = []
 
     def step(optimizer, loss):
-        for o in algo.optimizers():
+        for o in algo.declared_optimizers():
             o.zero_grad()
         loss.backward()
         before = {k: [p.detach().clone() for p in ps] for k, ps in nets.items()}
