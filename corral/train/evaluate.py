@@ -7,6 +7,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from corral.envs.base import episode_done
+
 
 def run_episodes(
     act: Callable[[torch.Tensor], torch.Tensor],
@@ -26,7 +28,7 @@ def run_episodes(
         if (counts >= targets).all():
             break
         obs, _, term, trunc, info = env.step(act(obs))
-        done = info.get("episode_done", term | trunc).cpu().numpy()
+        done = episode_done(info, term, trunc).cpu().numpy()
         if done.any():
             ep_ret = info["episode_return"].cpu().numpy()
             for i in np.nonzero(done)[0]:
