@@ -115,6 +115,12 @@ def test_matches_gymnasium_step_by_step(env_id):
         truncations += g_trunc.sum()
         assert torch.equal(obs[~done], info["final_obs"][~done]), where
         fresh = native.get_state().numpy()
+        if t % 100 == 99:
+            # torch's and Python's float64 ops round differently in the last bit, and a chaotic
+            # system grows that to 1e-6 over a few hundred steps (CartPole, with numpy 2.4): both
+            # sides go on from the native state, so every step is compared, not the chaos
+            for i in np.flatnonzero(~done):
+                envs[i].unwrapped.state = fresh[i].copy()
         for i in np.flatnonzero(done):
             # Continue both sides from the native env's new episode.
             envs[i].reset()
