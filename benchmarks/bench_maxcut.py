@@ -66,7 +66,7 @@ def main():
                 rows.append(row)
                 print(json.dumps(row), flush=True)
 
-    print(f"\n| graph | n | m | best known | method | cut | ratio | found at (s) | flips |")
+    print("\n| graph | n | m | best known | method | cut | ratio | found at (s) | flips |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     sizes = {}
     for row in rows:

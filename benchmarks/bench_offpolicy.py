@@ -61,7 +61,6 @@ def eval_policy(act, env_id, episodes=10, seed=1000):
 def run_corral(algo, seed):
     import corral
     from corral.train.learner import Learner
-    from corral.algos.base import Step
     from corral.train.setup import build_config
 
     env_id, steps, _ = PRESETS[algo]

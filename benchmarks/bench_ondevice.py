@@ -1,9 +1,10 @@
 """The on-device path on native envs.
 
-PPO on native:CartPole-v1 (``corral.ondevice`` preset): training seconds until the
-deterministic policy first averages >= 475 over 50 native episodes (checked every 2 updates,
-evaluation time excluded), then the same policy on Gymnasium's own CartPole-v1 (10 episodes).
-Also raw throughput: env steps per second of collection + update with the preset.
+PPO on native:CartPole-v1 (its preset in ``presets/ppo.yaml``, through the Learner like every
+run): training seconds until the deterministic policy first averages >= 475 over 50 native
+episodes (checked every 2 updates, evaluation time excluded), then the same policy on
+Gymnasium's own CartPole-v1 (10 episodes). Also raw throughput: env steps per second of
+collection + update with the preset.
 
 SAC on Pendulum-v1 (``--sac``): corral's single-env SAC on Gymnasium Pendulum-v1 (the rl-zoo
 preset through the Learner) against SAC on native:Pendulum-v1 with many envs. Both run through
@@ -28,36 +29,44 @@ import torch
 
 def run_ppo(seed: int, device: str) -> dict:
     import corral
-    from corral.ondevice import train_ondevice
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config
 
-    out = train_ondevice(env_id="native:CartPole-v1", seed=seed, device=device, stop_at_eval=475.0)
-    s = out["summary"]
-    gym_eval = corral.evaluate(out["agent"], "CartPole-v1", episodes=10, seed=123)["mean_return"]
-    return {"seed": seed, "seconds_to_475": s["seconds_to_eval"], "cpu_seconds_to_475": s["cpu_seconds_to_eval"],
-            "env_steps": s["env_steps"],
-            "native_eval": s["eval_return"], "gym_eval": gym_eval}
+    # the native:CartPole-v1 preset through the Learner; every 2 updates the deterministic
+    # policy plays 50 native episodes (not counted), stopping at the first mean >= 475
+    cfg = build_config("ppo", "native:CartPole-v1", seed=seed, device=device,
+                       overrides={"eval.every": 2 * 16 * 64, "eval.episodes": 50, "eval.num_envs": 50,
+                                  "eval.stop_at_return": 475.0, "progress": False, "tensorboard": False})
+    learner = Learner(cfg, None, quiet=True)
+    c0 = time.process_time()
+    learner.train()
+    cpu = time.process_time() - c0  # evaluations included: a bound, not the figure
+    reached = next((e for e in learner.eval_history if e["eval_return"] >= 475.0), None)
+    agent = corral.Agent(learner.algo, cfg)
+    gym_eval = corral.evaluate(agent, "CartPole-v1", episodes=10, seed=123)["mean_return"]
+    return {"seed": seed, "seconds_to_475": reached["train_seconds"] if reached else None,
+            "env_steps": reached["step"] if reached else learner.env_steps, "process_cpu_seconds": round(cpu, 3),
+            "native_eval": learner.eval_history[-1]["eval_return"], "gym_eval": gym_eval}
 
 
 def throughput(device: str, updates: int = 20) -> dict:
-    from corral.envs.native import make_native
-    from corral.ondevice import OnDevicePPO, ondevice_config
+    """Env steps per second of the Learner's loop on the native:CartPole-v1 preset (collection
+    alone: no update is due before the rollout fills; then collection + updates)."""
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config
 
-    cfg, n, _ = ondevice_config("CartPole-v1")
-    trainer = OnDevicePPO(make_native("CartPole-v1", n, device=device), cfg, seed=0)
-    trainer.collect()
-    trainer.update(0.0)  # warm-up
+    cfg = build_config("ppo", "native:CartPole-v1", seed=0, device=device,
+                       overrides={"eval.episodes": 0, "progress": False, "tensorboard": False})
+    learner = Learner(cfg, None, quiet=True)
+    T, n = cfg.algo_cfg.n_steps, cfg.env.num_envs
+    stream = learner.stream()
+    next(stream)  # warm-up: one rollout and update
     t = time.perf_counter()
     for _ in range(updates):
-        trainer.collect()
-    collect = time.perf_counter() - t
-    t = time.perf_counter()
-    for _ in range(updates):
-        trainer.collect()
-        trainer.update(0.5)
-    trainer.log()
+        next(stream)
     total = time.perf_counter() - t
-    steps = updates * cfg.n_steps * n
-    return {"collect_steps_per_second": round(steps / collect), "train_steps_per_second": round(steps / total)}
+    steps = updates * T * n
+    return {"train_steps_per_second": round(steps / total)}
 
 
 def run_sac(seed: int, env_id: str, num_envs: int, steps: int, eval_every: int, sets: list[str]) -> dict:

@@ -25,6 +25,11 @@ CASES = {
     "sac": ("sac", "Pendulum-v1", 1500, {"eval.episodes": 0, "sac.learning_starts": 500}),
     "td3": ("td3", "Pendulum-v1", 1500, {"eval.episodes": 0, "td3.learning_starts": 500}),
     "impala": ("impala", "CartPole-v1", 4096, {"eval.episodes": 0}),
+    # truncation on every episode (V(final_obs) bootstraps), reward and observation scaling
+    "ppo_pendulum": ("ppo", "Pendulum-v1", 4096, {"eval.episodes": 0, "ppo.normalize_reward": True,
+                                                  "ppo.normalize_obs": True, "env.num_envs": 4}),
+    "ppo_native": ("ppo", "native:CartPole-v1", 8192, {"eval.episodes": 0, "env.num_envs": 16,
+                                                      "ppo.n_steps": 16, "ppo.batch_size": 128}),
 }
 
 

@@ -143,14 +143,14 @@ def test_python_overrides_and_config_files_are_checked_too(tmp_path):
         build_config("ppo", "CartPole-v1", config_file=str(path))
 
 
-def test_on_device_options_are_checked_like_any_run():
-    from corral.ondevice import ondevice_config
+def test_native_and_problem_runs_are_checked_like_any_run():
+    from corral.problems.maxcut_solver import ppo_config
 
     with pytest.raises(UserError, match="ppo.gamma: 1.5 is out of range"):
-        ondevice_config("CartPole-v1", gamma=1.5)
+        build_config("ppo", "native:CartPole-v1", overrides={"ppo.gamma": 1.5})
     with pytest.raises(UserError, match="ppo.lr_schedule: 'cos'"):
-        ondevice_config("CartPole-v1", lr_schedule="cos")
-    assert ondevice_config("CartPole-v1", hidden=[32, 32])[0].hidden == (32, 32)
+        ppo_config(4, 0, "cpu", {"lr_schedule": "cos"})
+    assert ppo_config(4, 0, "cpu", {"hidden": [32, 32]}).algo_cfg.hidden == (32, 32)
 
 
 @pytest.mark.parametrize("algo,alias,value,key", [

@@ -13,7 +13,7 @@ import torch
 
 from corral.algos import get_algo
 from corral.algos.base import Step, index_record, stack_records
-from corral.algos.ppo import PPOConfig, normalized
+from corral.algos.ppo import normalized
 from corral.rng import RNGStreams
 from corral.schemes.collector import Collector, FragmentData, FragmentMeta, driver_paths
 from corral.schemes.fragments import FragmentScheme
@@ -177,15 +177,12 @@ def test_impala_bootstraps_with_the_current_network_in_every_minibatch():
     assert all(not torch.equal(a, b) for a, b in zip(params, params[1:]))  # a step between every two
 
 
-def test_the_on_device_path_runs_ppos_own_minibatch_loop():
-    from corral.envs.native import make_native
-    from corral.ondevice import OnDevicePPO
-
-    cfg = PPOConfig(n_steps=8, batch_size=24, n_epochs=2)
-    trainer = OnDevicePPO(make_native("native:CartPole-v1", 4), cfg, seed=0)
-    trainer.collect()
-    trainer.update(0.0)
-    assert trainer.optimizer.steps == 4  # 32 transitions in 24 + 8, twice
+def test_a_native_run_goes_through_the_same_learner_and_update_loop():
+    L = learner("ppo", "native:CartPole-v1", steps=32, **{"env.num_envs": 4, "ppo.n_steps": 8,
+                                                           "ppo.batch_size": 24, "ppo.n_epochs": 2})
+    assert L.device_resident
+    stats = next(L.stream())
+    assert stats["minibatches"] == 4 and L.algo.optimizer.steps == 4  # 32 transitions in 24 + 8, twice
 
 
 # ---------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from corral.errors import UserError
-from corral.ondevice import OnDevicePPO, ondevice_config
 from corral.problems import (
     MaxCutEnv,
     NodePolicy,
@@ -184,13 +183,16 @@ def test_local_search_ends_in_a_one_flip_local_optimum():
 def test_env_policy_and_trainer_stay_on_the_device(device):
     g = signed_graph(16, seed=9)
     env = MaxCutEnv(g, 4, episode_length=8, device=device, seed=0)
-    cfg, _, _ = ondevice_config("maxcut", n_steps=4, batch_size=8, n_epochs=1)
-    trainer = OnDevicePPO(env, cfg, seed=0, actor=NodePolicy(g.n))
-    trainer.collect()
-    trainer.update(0.0)
+    from corral.problems.maxcut_solver import ppo_config, ppo_with_actor
+    from corral.train.learner import Learner
+
+    cfg = ppo_config(4, 0, device, {"n_steps": 4, "batch_size": 8, "n_epochs": 1})
+    learner = Learner(cfg, env=env, algo_cls=ppo_with_actor(NodePolicy(g.n)), quiet=True)
+    assert learner.device_resident
+    next(learner.stream())  # one rollout and update through the Learner's loop
     want = torch.device(device).type
-    for t in [env.s, env.gain, env.cut, env.best_cut, env.best_assignment, env.nbr, trainer.obs,
-              *trainer.actor.parameters(), *vars(trainer.storage.data).values()]:
+    for t in [env.s, env.gain, env.cut, env.best_cut, env.best_assignment, env.nbr, learner.obs,
+              *learner.algo.actor.parameters(), *vars(learner.algo.storage.data).values()]:
         assert t.device.type == want
 
 

@@ -25,6 +25,10 @@ class RunningNormalizer(nn.Module):
         # float32 copies for the hot path, refreshed whenever the statistics change
         self.register_buffer("_mean32", torch.zeros(shape), persistent=False)
         self.register_buffer("_std32", torch.ones(shape), persistent=False)
+        # Device-resident runs (``defer_checks``) fold batches without a host read: a non-finite
+        # input is remembered here and reported by ``check_finite`` (once per update).
+        self.defer_checks = False
+        self.register_buffer("_nonfinite", torch.zeros((), dtype=torch.bool), persistent=False)
         self._refresh()
 
     def _refresh(self) -> None:
@@ -44,12 +48,28 @@ class RunningNormalizer(nn.Module):
 
     def _update(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, *self.mean.shape).to(torch.float64)
-        if not torch.isfinite(x).all():
-            raise ValueError(
-                "observation normalizer got a non-finite value; check the env's observations "
-                "(corral refuses to fold NaN/inf into the running statistics)"
-            )
-        self.merge(torch.tensor(float(x.shape[0]), dtype=torch.float64), x.mean(0), x.var(0, unbiased=False))
+        if self.defer_checks:
+            self._nonfinite |= ~torch.isfinite(x).all()
+        elif not torch.isfinite(x).all():
+            raise ValueError(self.NONFINITE)
+        self.merge(self._count_of(x.shape[0]), x.mean(0), x.var(0, unbiased=False))
+
+    def _count_of(self, n: int) -> torch.Tensor:
+        """A batch size as a float64 tensor on the statistics' device, made once per size (a
+        fresh one per step would be a host-to-device copy per step)."""
+        counts = self.__dict__.setdefault("_counts", {})
+        key = (n, self.count.device)
+        if key not in counts:
+            counts[key] = torch.tensor(float(n), dtype=torch.float64, device=self.count.device)
+        return counts[key]
+
+    NONFINITE = ("observation normalizer got a non-finite value; check the env's observations "
+                 "(corral refuses to fold NaN/inf into the running statistics)")
+
+    def check_finite(self) -> None:
+        """Raise if a deferred check saw a non-finite input (one host read)."""
+        if self.defer_checks and bool(self._nonfinite):
+            raise ValueError(self.NONFINITE)
 
     @torch.no_grad()
     def merge(self, count: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> None:
@@ -67,3 +87,8 @@ class RunningNormalizer(nn.Module):
         if not self.enabled:
             return x.float() if not x.is_floating_point() else x
         return ((x.float() - self._mean32) / self._std32).clamp(-self.clip, self.clip)
+
+
+def normalizers(*modules: nn.Module) -> list[RunningNormalizer]:
+    """Every running normalizer in ``modules``, in a fixed (registration) order."""
+    return [m for module in modules for m in module.modules() if isinstance(m, RunningNormalizer)]

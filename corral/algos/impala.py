@@ -71,8 +71,10 @@ class IMPALA(PPO):
         log_prob, entropy, value = log_prob.view(T, n), entropy.view(T, n), value.view(T, n)
         log_rho = log_prob.detach() - mu_log_prob
         with torch.no_grad():
-            next_values = rollout_next_values(value.detach(), self.bootstrap_value(last_obs[c]), data.truncated[:, c],
-                                              data.final_values[:, c])
+            # bootstrap values from the current network, in every minibatch
+            truncated = data.truncated[:, c]
+            next_values = rollout_next_values(value.detach(), self.bootstrap_value(last_obs[c]), truncated,
+                                              self.final_values(truncated, data.final_obs[:, c]))
             vs, pg_adv = vtrace(log_rho, data.rewards[:, c], value.detach(), next_values,
                                 data.terminated[:, c], data.truncated[:, c], cfg.gamma, cfg.rho_bar, cfg.c_bar)
             if cfg.normalize_advantage:

@@ -255,14 +255,14 @@ class PPO(Algorithm):
         return env_action, PPOExtras(action, log_prob, value, x)
 
     def observe(self, step: Step):
-        ex, reward, terminated, truncated = step.extras, step.reward, step.terminated, step.truncated
-        final_values = torch.zeros_like(reward)
-        if truncated.any():
-            final_values = torch.where(truncated, self.actor.value(self.actor.normalize(step.final_obs)), final_values)
+        # No host read here: V(final_obs) of truncated steps is computed at update time, in one
+        # batch (``fill_final_values``), from the normalized final observations stored densely.
+        ex, reward = step.extras, step.reward
         if self.cfg.normalize_reward:
             reward = self._scale_reward(reward, step.episode_ended())
         self.storage.add(obs=ex.x, actions=ex.action, log_probs=ex.log_prob, values=ex.value, rewards=reward,
-                         terminated=terminated, truncated=truncated, final_values=final_values)
+                         terminated=step.terminated, truncated=step.truncated,
+                         final_obs=self.actor.normalize(step.final_obs))
         self._last_obs = step.next_obs
 
     def _scale_reward(self, reward, done):
@@ -294,8 +294,19 @@ class PPO(Algorithm):
         with torch.no_grad():
             return self.actor.value(self.actor.normalize(obs))
 
+    def final_values(self, truncated: torch.Tensor, final_obs: torch.Tensor) -> torch.Tensor:
+        """V(final_obs) where ``truncated`` (0 elsewhere), with the current network, one forward
+        over the truncated steps only."""
+        out = torch.zeros(truncated.shape, device=self.device)
+        if truncated.any():  # one host read per update, not per step
+            with torch.no_grad():
+                out[truncated] = self.actor.value(final_obs[truncated])
+        return out
+
     def prepare_batch(self) -> PPOBatch:
-        b, adv, ret, whole = ppo_batch(self.cfg, self.storage.data, self.bootstrap_value(self._last_obs))
+        data = self.storage.data
+        data.final_values.copy_(self.final_values(data.truncated, data.final_obs))
+        b, adv, ret, whole = ppo_batch(self.cfg, data, self.bootstrap_value(self._last_obs))
         return PPOBatch(b.obs, b.actions, b.log_probs, b.values, adv, ret, whole)
 
     def minibatch_plan(self, batch: PPOBatch):

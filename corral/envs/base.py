@@ -19,7 +19,7 @@ torch-batched, Ray workers):
   whole episodes: an Atari life lost under episodic life is ``terminated`` for the
   value targets but not a finished episode, and an env restarted after a crash is
   ``truncated`` without one. Backends without such cases may omit it; readers use
-  ``info.get("episode_done", terminated | truncated)``.
+  ``episode_done(info, terminated, truncated)`` (below).
 * Everything a step returns is read-only for its consumers. ``obs`` and ``reward``
   are fresh tensors each step (never overwritten later); in a step where no episode
   ended, ``info["final_obs"]`` is ``obs`` itself, and ``terminated``, ``truncated``
@@ -28,6 +28,9 @@ torch-batched, Ray workers):
   bit-for-bit (env internals, RNGs, running episode statistics) when
   ``copyable`` is True; otherwise they hold only the episode statistics and a
   resumed run starts fresh episodes.
+* ``device_resident`` (optional, default False): stepping needs no host read (the env's
+  tensors live on ``device``, as ``native:`` envs' do). The Learner then books episodes
+  and checks normalizer inputs once per update instead of once per step.
 
 Observations from Gymnasium come back as float32 tensors (uint8 images stay
 uint8); the actor owns normalization.
@@ -49,6 +52,7 @@ class VecEnv(Protocol):
     device: torch.device
     env_id: str
     copyable: bool
+    device_resident: bool
 
     def reset(self, seed: int | None = None) -> torch.Tensor: ...
 

@@ -77,6 +77,7 @@ class HostVecEnv:
     num_envs: int
     env_id: str
     copyable: bool = False
+    device_resident = False  # the envs step on the host: every step reads it
     _discrete_as_array = False  # Discrete actions as one numpy array (backends that hand the batch on)
 
     def _init_front(

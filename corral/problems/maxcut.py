@@ -83,6 +83,7 @@ class MaxCutEnv:
     """
 
     copyable = True
+    device_resident = True  # steps with no host read: the Learner keeps it that way
 
     def __init__(self, graph: Graph, num_envs: int, episode_length: int | None = None,
                  device: str | torch.device = "cpu", seed: int | None = None, reward: str = "delta",

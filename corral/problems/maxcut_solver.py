@@ -2,8 +2,8 @@
 
 ``solve_maxcut(graph, time_limit, ...)`` with ``method``:
 
-* ``"ppo"``: train a :class:`NodePolicy` with corral's on-device PPO
-  (:class:`corral.ondevice.OnDevicePPO`) on the instance's :class:`MaxCutEnv` for
+* ``"ppo"``: train a :class:`NodePolicy` with corral's PPO through the Learner (its
+  device-resident loop) on the instance's :class:`MaxCutEnv` for
   ``train_fraction`` of the time, then sample flips from it in all envs for the rest.
 * ``"random"``: the same search with uniform random flips instead of the policy (the
   baseline that shows what learning adds).
@@ -39,8 +39,9 @@ class NodePolicy(nn.Module):
     and a softmax over the graph picks one. The value is a small MLP of graph-level
     summaries (the mean of each feature and the largest gain).
 
-    Same interface as ``corral.actors.ActorCritic`` where ``OnDevicePPO`` needs it; ``act``
-    samples without the value pass.
+    The interface of ``corral.actors.ActorCritic`` that PPO uses (``explore``, ``evaluate_actions``,
+    ``value``, ``outputs``, storage shapes), so the solver trains it with the ordinary PPO through
+    the Learner; ``act`` samples without the value pass.
     """
 
     discrete = True
@@ -93,6 +94,13 @@ class NodePolicy(nn.Module):
 
     def to_env(self, action):
         return action
+
+    def explore(self, obs: torch.Tensor, generator: torch.Generator | None = None):
+        """``(env action, action, log_prob, value, stored obs)`` for training (under no_grad)."""
+        x = self.normalize(obs)
+        params, value = self.forward(x)
+        action = self.head.sample(params, generator)
+        return action, action, self.head.log_prob(params, action), value, x
 
     @torch.no_grad()
     def act(self, obs, deterministic: bool = False, generator: torch.Generator | None = None):
@@ -179,7 +187,7 @@ def solve_maxcut(
     (``policy``: the trained NodePolicy, or None). ``progress(record)`` is called about once
     a second with the best cut so far.
     """
-    from corral.ondevice import OnDevicePPO, ondevice_config
+    from corral.train.learner import Learner
 
     if method not in METHODS:
         raise UserError(f"unknown MaxCut method {method!r}; choose one of {', '.join(METHODS)}")
@@ -231,6 +239,7 @@ def solve_maxcut(
     random_starts()
     report("start", force=True)
     actor = None
+    updates = 0
     if method == "greedy":
         while time.perf_counter() < deadline:
             random_starts()
@@ -239,10 +248,6 @@ def solve_maxcut(
         flips += _tabu_search(env, deadline, gen, report)
     else:
         if method == "ppo":
-            overrides = dict(n_steps=8, batch_size=256, n_epochs=2, lr=1e-2, gamma=0.95, gae_lambda=0.9,
-                             ent_coef=0.0, normalize_reward=True, clip_range=0.2)
-            overrides.update(ppo or {})
-            cfg, _, _ = ondevice_config("maxcut", steps=1, num_envs=N, **overrides)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 actor = NodePolicy(n, hidden=hidden)
@@ -250,26 +255,30 @@ def solve_maxcut(
             # and the policy learns to climb within seconds; then the search's own episodes.
             env.start_from(None)
             env.max_episode_steps = max(16, min(n // 2, 512))
-            trainer = OnDevicePPO(env, cfg, seed=seed, actor=actor)  # resets the env
+            learner = Learner(ppo_config(N, seed, device, ppo), env=env, algo_cls=ppo_with_actor(actor),
+                              quiet=True)  # resets the env
             train_start = time.perf_counter()
             train_end = t0 + train_fraction * time_limit
             switch = train_start + (train_end - train_start) / 2
-            while time.perf_counter() < train_end:
-                if env.starts_random and time.perf_counter() >= switch:
-                    env.max_episode_steps = episode_length
-                    env.start_from(restart_point(), flip_prob)
-                    trainer.obs = env.reset()
-                trainer.collect()
-                progress_frac = (time.perf_counter() - train_start) / max(train_end - train_start, 1e-9)
-                trainer.update(min(1.0, progress_frac))
-                flips += cfg.n_steps * N
+            n_steps = learner.cfg.algo_cfg.n_steps
+            # the Learner's own loop, an update at a time; between updates the search moves the
+            # env's start states (the stream goes on from ``learner.obs``)
+            for _ in learner.stream() if time.perf_counter() < train_end else ():
+                flips += n_steps * N
                 if not env.starts_random:
                     env.start_from(restart_point(), flip_prob)
                 report("train")
+                if time.perf_counter() >= train_end:
+                    break
+                if env.starts_random and time.perf_counter() >= switch:
+                    env.max_episode_steps = episode_length
+                    env.start_from(restart_point(), flip_prob)
+                    learner.obs = env.reset()
+            updates = learner.algo.updates
             env.max_episode_steps = episode_length
             env.start_from(restart_point(), flip_prob)
             train_seconds = time.perf_counter() - train_start
-            obs = trainer.obs
+            obs = learner.obs
             actor.eval()
         else:
             env.start_from(restart_point(), flip_prob)
@@ -300,7 +309,37 @@ def solve_maxcut(
         "method": method,
         "flips": flips,
         "train_seconds": round(train_seconds, 3),
-        "updates": trainer.updates if actor is not None else 0,
+        "updates": updates,
         "history": history,
         "policy": actor,
     }
+
+
+# PPO's settings for the node policy (``solve_maxcut(ppo=...)`` overrides them)
+PPO_SETTINGS = dict(n_steps=8, batch_size=256, n_epochs=2, lr=1e-2, gamma=0.95, gae_lambda=0.9, ent_coef=0.0,
+                    normalize_reward=True, clip_range=0.2)
+
+
+def ppo_config(num_envs: int, seed: int, device, overrides: dict | None = None):
+    """The run config of the solver's PPO: a time-limited run (the step budget is never
+    reached), no evaluation or logging, the caller's torch threads."""
+    from corral.train.setup import build_config
+
+    settings = {**PPO_SETTINGS, **(overrides or {})}
+    # one minibatch at most the rollout (a preset may ask for more)
+    settings["batch_size"] = min(int(settings["batch_size"]), int(settings["n_steps"]) * num_envs)
+    return build_config("ppo", "maxcut", steps=2**62, seed=seed, num_envs=num_envs, device=str(torch.device(device)),
+                        use_preset=False,
+                        overrides={**{f"ppo.{k}": v for k, v in settings.items()}, "eval.episodes": 0,
+                                   "progress": False, "tensorboard": False, "threads": torch.get_num_threads()})
+
+
+def ppo_with_actor(actor: torch.nn.Module) -> type:
+    """PPO whose actor factory returns ``actor`` (the node policy)."""
+    from corral.algos.ppo import PPO
+
+    class NodePolicyPPO(PPO):
+        def make_actor(self):
+            return actor
+
+    return NodePolicyPPO

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from corral.actors.normalizer import RunningNormalizer
+from corral.actors.normalizer import RunningNormalizer, normalizers
 from corral.algos.base import Step, index_record, map_record, stack_records
 from corral.envs.base import episode_done
 from corral.rng import RNGStreams
@@ -105,11 +105,6 @@ class FragmentData:
 
 # ---------------------------------------------------------------------------
 # Observation-normalizer statistics: what a worker saw since its last report.
-
-
-def normalizers(module: torch.nn.Module) -> list[RunningNormalizer]:
-    """Every running normalizer in ``module``, in a fixed (registration) order."""
-    return [m for m in module.modules() if isinstance(m, RunningNormalizer)]
 
 
 class NormalizerTap:

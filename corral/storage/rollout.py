@@ -18,7 +18,8 @@ class RolloutBatch:
     rewards: torch.Tensor
     terminated: torch.Tensor
     truncated: torch.Tensor
-    final_values: torch.Tensor  # V(final_obs) where truncated, else 0
+    final_obs: torch.Tensor  # the normalized true next observation (what V(final_obs) reads on truncation)
+    final_values: torch.Tensor  # V(final_obs) where truncated, else 0 (filled at update time)
 
     def flatten(self) -> "RolloutBatch":
         return RolloutBatch(**{f.name: getattr(self, f.name).flatten(0, 1) for f in fields(self)})
@@ -38,6 +39,7 @@ class RolloutStorage:
             rewards=z(),
             terminated=z(dtype=torch.bool),
             truncated=z(dtype=torch.bool),
+            final_obs=z(*obs_dim, dtype=obs_dtype),
             final_values=z(),
         )
         self.step = 0

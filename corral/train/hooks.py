@@ -87,6 +87,7 @@ class EvalHook:
 
     def evaluate(self, learner: "Learner") -> dict:
         ec = learner.cfg.eval
+        t0 = time.perf_counter()
         if self.env is None:
             self.env = make_env(learner.cfg, learner.env_spec, learner.device, num_envs=ec.num_envs, evaluation=True)
         learner.algo.actor.eval()
@@ -100,6 +101,10 @@ class EvalHook:
             self.log_video(learner)
         self.metrics.write(learner, {"eval_return": result["mean_return"], "eval_return_std": result["std_return"]})
         learner.last_eval = result
+        # training time up to this update without the evaluations (benchmarks: time to a return)
+        learner.eval_history.append({"step": learner.env_steps, "eval_return": result["mean_return"],
+                                     "train_seconds": round(learner.train_seconds - learner.eval_seconds, 4)})
+        learner.eval_seconds += time.perf_counter() - t0
         self.last_step = learner.env_steps
         if result["mean_return"] > learner.best_eval:
             learner.best_eval = result["mean_return"]

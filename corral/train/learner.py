@@ -21,12 +21,41 @@ import torch
 
 from corral import config as C
 from corral.algos import get_algo
+from corral.actors.normalizer import normalizers
 from corral.algos.base import Step
 from corral.envs.base import episode_done
+from corral.errors import TrainingError
 from corral.rng import RNGStreams
 from corral.train.checkpoint import save_checkpoint
 from corral.train.hooks import CheckpointHook, EvalHook, MetricsHook, ProgressHook
 from corral.train.setup import make_env, resolve_device
+
+class EpisodeTally:
+    """Episode ends of a device-resident run, kept on the device: each step's flags, returns
+    and lengths go into preallocated rows, read back in one go (in the order they ended, as
+    the per-step path reports them)."""
+
+    def __init__(self, num_envs: int, device: torch.device, rows: int = 256):
+        self.done = torch.zeros(rows, num_envs, dtype=torch.bool, device=device)
+        self.ret = torch.zeros(rows, num_envs, device=device)
+        self.len = torch.zeros(rows, num_envs, device=device)
+        self.rows, self.t = rows, 0
+
+    def add(self, done: torch.Tensor, returns: torch.Tensor, lengths: torch.Tensor) -> bool:
+        """Book one step; True when the rows are full (flush now)."""
+        self.done[self.t].copy_(done)
+        self.ret[self.t].copy_(returns)
+        self.len[self.t].copy_(lengths)
+        self.t += 1
+        return self.t == self.rows
+
+    def flush(self) -> tuple[list[float], list[float]]:
+        t, self.t = self.t, 0
+        if t == 0:
+            return [], []
+        done = self.done[:t]
+        return self.ret[:t][done].tolist(), self.len[:t][done].tolist()
+
 
 @dataclass
 class Learner:
@@ -34,6 +63,8 @@ class Learner:
     run_dir: Path | None = None
     env_spec: Any = None  # what the user passed (an id, a class, an instance); defaults to cfg.env.id
     quiet: bool = False
+    env: Any = None  # a VecEnv built by the caller (a problem's batched env); default: from the config
+    algo_cls: Any = None  # the Algorithm class (a problem's PPO with its own actor); default: the registry's
     # counters (all in the checkpoint)
     env_steps: int = 0
     episodes: int = 0
@@ -51,6 +82,8 @@ class Learner:
     new_lengths: list = field(default_factory=list)
     last_metrics: dict = field(default_factory=dict)
     last_eval: dict | None = None
+    eval_seconds: float = 0.0  # of this process's evaluations (within train_seconds)
+    eval_history: list = field(default_factory=list)  # {"step", "eval_return", "train_seconds" without evals}
     failed: bool = False
 
     def __post_init__(self):
@@ -59,11 +92,19 @@ class Learner:
         self.device = resolve_device(cfg.device)
         self.env_spec = self.env_spec if self.env_spec is not None else cfg.env.id
         self.rng = RNGStreams(cfg.seed, self.device)
-        self.env = make_env(cfg, self.env_spec, self.device)
-        spec = get_algo(cfg.algo)
-        self.algo = spec.cls(cfg.algo_cfg, self.env.single_observation_space, self.env.single_action_space,
-                             self.env.num_envs, self.device, self.rng)
+        if self.env is None:
+            self.env = make_env(cfg, self.env_spec, self.device)
+        cls = self.algo_cls or get_algo(cfg.algo).cls
+        self.algo = cls(cfg.algo_cfg, self.env.single_observation_space, self.env.single_action_space,
+                        self.env.num_envs, self.device, self.rng)
         self.algo.total_steps = cfg.steps
+        # A device-resident env (torch-batched, ``native:``) steps with no host read; the loop
+        # keeps it that way: episodes are tallied on the device and read once per update, and
+        # normalizers check their inputs once per update instead of once per step.
+        self.device_resident = bool(getattr(self.env, "device_resident", False))
+        self._norms = normalizers(*self.algo.declared_networks())
+        for norm in self._norms:
+            norm.defer_checks = self.device_resident
         self.obs = self.env.reset(seed=self.rng.env_seed())
 
     # --- bookkeeping: every loop (in-process, collectors' fragments, replay servers) counts here
@@ -84,10 +125,13 @@ class Learner:
 
     # --- the stream
     def stream(self):
+        """Collect and learn; yields each update's metrics. A consumer may set ``self.obs``
+        between updates (a problem that moves its env's start states): the loop goes on from it."""
         algo, env = self.algo, self.env
         n = env.num_envs
         obs = self.obs
         total = self.cfg.steps
+        tally = EpisodeTally(n, self.device) if self.device_resident else None
         no_grad = torch.no_grad()
         while self.env_steps < total:
             with no_grad:
@@ -98,11 +142,28 @@ class Learner:
             self.obs = obs
             self.add_steps(n)
             done = episode_done(info, terminated, truncated)
-            if done.any():
-                self.add_episodes(info["episode_return"][done].tolist(), info["episode_length"][done].tolist())
+            if tally is None:
+                if done.any():
+                    self.add_episodes(info["episode_return"][done].tolist(), info["episode_length"][done].tolist())
+            elif tally.add(done, info["episode_return"], info["episode_length"]):
+                self.add_episodes(*tally.flush())
             if algo.ready():
+                if tally is not None:
+                    self.add_episodes(*tally.flush())
+                    self.check_finite()
                 stats = algo.update(min(1.0, self.env_steps / total))
                 yield stats
+                obs = self.obs
+        if tally is not None:
+            self.add_episodes(*tally.flush())
+
+    def check_finite(self) -> None:
+        """The deferred input checks of a device-resident run's normalizers."""
+        for norm in self._norms:
+            try:
+                norm.check_finite()
+            except ValueError as e:
+                raise TrainingError(f"{self.cfg.env.id}: {e}") from None
 
     def make_stream(self):
         """The in-process stream, or the distributed one when the scheme asks for workers."""
@@ -113,9 +174,14 @@ class Learner:
 
         return make_scheme(self).stream()
 
-    def train(self) -> dict:
-        """Run to ``cfg.steps`` (or the early stop); returns the summary printed by ``--json``."""
+    def train(self, hooks: list | None = None) -> dict:
+        """Run to ``cfg.steps`` (or the early stop); returns the summary printed by ``--json``.
+
+        ``hooks``: more objects called as ``hook(learner, stats)`` after every update (after the
+        built-in ones) and ``hook.close(learner)`` at the end; a hook sets ``learner.stop = True``
+        to end the run there."""
         cfg = self.cfg
+        user_hooks = list(hooks or [])
         metrics = MetricsHook(self)
         hooks: list[Any] = [metrics]
         if self.run_dir is not None:
@@ -124,6 +190,8 @@ class Learner:
         hooks.append(evaluator)
         if cfg.progress and not self.quiet:
             hooks.insert(0, ProgressHook(self))
+        hooks += user_hooks
+        self.stop = False
         start = time.perf_counter() - self.train_seconds
         stopped_early = False
         updates = 0
@@ -135,6 +203,9 @@ class Learner:
                 updates += 1
                 for hook in hooks:
                     hook(self, stats)
+                if self.stop:
+                    stopped_early = True
+                    break
                 if (cfg.stop_at_return is not None and len(self.recent_returns) == self.recent_returns.maxlen
                         and self.last20_return >= cfg.stop_at_return):
                     stopped_early = True
@@ -161,6 +232,7 @@ class Learner:
             "run_dir": str(self.run_dir) if self.run_dir else None,
             "env_steps": self.env_steps,
             "train_seconds": round(self.train_seconds, 3),
+            "eval_seconds": round(self.eval_seconds, 3),
             "episodes": self.episodes,
             "last20_return": self.last20_return if self.recent_returns else None,
             "stopped_early": stopped_early,

@@ -44,14 +44,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_preset(algo: str, env_id: str, base: str | None = None) -> dict:
-    """The preset for (algo, env): ``presets/<algo>.yaml`` keyed by env id."""
+    """The preset for (algo, env): ``presets/<algo>.yaml`` keyed by the full env id; a
+    ``native:`` id without a section of its own takes its Gymnasium twin's."""
     for name in (algo, base):
         if name is None:
             continue
         path = PRESET_DIR / f"{name}.yaml"
         if path.is_file():
             presets = C.load_yaml(str(path))
-            key = env_id.split(":", 1)[1] if env_id.startswith("native:") else env_id
+            key = env_id if env_id in presets else env_id.removeprefix("native:")
             if key in presets:
                 data = dict(presets[key])
                 if name != algo and base in data:  # a variant reuses its base algorithm's section

@@ -49,6 +49,7 @@ class NativeVecEnv:
     max_episode_steps: ClassVar[int]
     state_dim: ClassVar[int]
     copyable = True
+    device_resident = True  # steps with no host read: the Learner keeps it that way
 
     def __init__(
         self,
