@@ -100,6 +100,7 @@ class FragmentScheme:
         self.replay_server = learner.algo.replay_server and self.K > 1
         # per collector: the algorithm's column state (PPO's discounted return) for its episodes
         self._columns: dict[int, dict] = {}
+        self.collector_states: list | None = None  # per collector: resume state (``resume_states``)
         self.version = 0
         self._params = None
         self._params_version = -1
@@ -153,11 +154,12 @@ class FragmentScheme:
             algo.attach(self.grad_pool, self.sc.grad)
 
     def start(self) -> None:
+        self.learner.scheme = self  # its checkpoints ask this scheme for the collectors' states
         self.setup_learner()
         if self.K > 1:
             L = self.learner
             inits: list = [None] * self.K
-            saved = L.resumed_collectors
+            saved = L.saved_scheme_state
             if saved is not None and len(saved) == self.K:
                 # a distributed checkpoint with as many collectors: each continues its own episodes
                 inits = [s or None for s in saved]
@@ -166,8 +168,8 @@ class FragmentScheme:
                 # Collector 0 continues the learner's own episodes (a run resumed from an
                 # in-process checkpoint picks up where it stopped).
                 inits[0] = {"env": L.env.state_dict(), "obs": L.obs.cpu()}
-            L.resumed_collectors = None
-            L.collector_states = [None] * self.K
+            L.saved_scheme_state = None
+            self.collector_states = [None] * self.K
             self.pool = self.make_pool(inits)
             obs_space, act_space = self.pool.spaces()
             if obs_space != L.algo.obs_space or act_space != L.algo.act_space:
@@ -305,10 +307,17 @@ class FragmentScheme:
         self._wait = 0.0
         return out
 
+    def resume_states(self) -> list | None:
+        """Where each collector stands after its last consumed fragment (env state, obs, RNG,
+        column state), for the checkpoint; None when no collector's env can be copied."""
+        if self.collector_states is None or not any(self.collector_states):
+            return None
+        return [s or {} for s in self.collector_states]
+
     def note_fragment(self, meta: FragmentMeta, version_now: int) -> None:
         """Book a consumed fragment: lag, speed, and where its collector now stands (what a
         checkpoint keeps, so a resume continues each collector's episodes)."""
-        states = self.learner.collector_states
+        states = self.collector_states
         if states is not None and meta.worker < len(states):
             states[meta.worker] = meta.resume
             if meta.resume is not None and meta.worker in self._columns:

@@ -73,10 +73,10 @@ class Learner:
     next_eval: int | None = None
     next_ckpt: int | None = None
     recent_returns: deque = field(default_factory=lambda: deque(maxlen=20))
-    # a distributed run's collectors: where each stands after its last consumed fragment
-    # (set by the scheme; in the checkpoint), and what a resumed one hands its collectors
-    collector_states: list | None = None
-    resumed_collectors: list | None = None
+    # the distributed scheme while one runs (its collectors' resume states go into checkpoints),
+    # and a resumed checkpoint's scheme state until a scheme takes it
+    scheme: Any = None
+    saved_scheme_state: list | None = None
     # transient
     new_returns: list = field(default_factory=list)
     new_lengths: list = field(default_factory=list)
@@ -266,8 +266,10 @@ class Learner:
             },
             "torch_version": str(torch.__version__),
         }
-        if self.collector_states is not None and any(self.collector_states):
-            state["collectors"] = [s or {} for s in self.collector_states]
+        if self.scheme is not None:
+            collectors = self.scheme.resume_states()
+            if collectors:
+                state["collectors"] = collectors
         return state
 
     def save(self, path: Path, replay: bool = True) -> Path:
@@ -293,7 +295,7 @@ class Learner:
         collectors = state.get("collectors")
         if collectors:
             if self.cfg.scheme.collectors > 1:
-                self.resumed_collectors = collectors  # the scheme hands them out, one per collector
+                self.saved_scheme_state = collectors  # the scheme hands them out, one per collector
             if collectors[0].get("env") is not None and collectors[0]["obs"].shape == self.obs.shape:
                 # in-process (or another collector count): collector 0's episodes go on here
                 env_state, obs = collectors[0]["env"], collectors[0]["obs"]
