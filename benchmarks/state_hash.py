@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 
 import torch
 
@@ -46,6 +47,8 @@ def state_hash(agent) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="*", default=list(CASES))
+    p.add_argument("--dump", help="save each case's actor parameters to DIR/<case>.pt")
+    p.add_argument("--compare", help="report the largest parameter difference to DIR/<case>.pt")
     args = p.parse_args()
     import corral
 
@@ -56,6 +59,14 @@ def main() -> None:
         agent = corral.train(algo, env, steps=steps, seed=0, save_run=False, **overrides)
         out[name] = {"hash": state_hash(agent), "episodes": agent.summary.get("episodes"),
                      "last20_return": agent.summary.get("last20_return")}
+        state = {k: v.detach().cpu().clone() for k, v in agent.algo.actor.state_dict().items()}
+        if args.dump:
+            os.makedirs(args.dump, exist_ok=True)
+            torch.save(state, os.path.join(args.dump, f"{name}.pt"))
+        if args.compare:
+            other = torch.load(os.path.join(args.compare, f"{name}.pt"), weights_only=True)
+            out[name]["max_abs_param_diff"] = max((state[k].double() - other[k].double()).abs().max().item()
+                                                  for k in state if state[k].is_floating_point())
         print(name, json.dumps(out[name]), flush=True)
     print(json.dumps(out))
 
