@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from corral.actors.offpolicy import Critics
 from corral.algos.base import Algorithm, Step
 from corral.config import Activation, option
 from corral.errors import TrainingError, UserError
@@ -252,3 +253,24 @@ class OffPolicy(Algorithm):
         self.grad_steps, self._since_update = int(c["grad_steps"]), int(c["since_update"])
         if self.replay is not None and "replay" in state:
             self.replay.load_state_dict(state["replay"])
+
+
+class ActorCriticOffPolicy(OffPolicy):
+    """What the actor-critic replay algorithms (TD3/DDPG, SAC) share: an actor with a Box
+    head (``make_actor``, each its own) and a critics ensemble on the actor's features."""
+
+    def make_actor(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def make_critics(self, actor) -> torch.nn.Module:
+        """The critics ensemble on the actor's features (images: a CNN of their own)."""
+        cfg = self.cfg
+        own = self.obs_space if actor.enc.trainable else None
+        return Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, own)
+
+    def make_networks(self):
+        actor = self.make_actor()
+        return actor.to(self.device), self.make_critics(actor).to(self.device)
+
+    def normalizer(self):
+        return self.actor.enc.norm

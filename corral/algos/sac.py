@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import gymnasium as gym
 import torch
 
-from corral.actors.offpolicy import Critics, SquashedGaussianActor
+from corral.actors.offpolicy import SquashedGaussianActor
 from corral.algos.base import Action
-from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
+from corral.algos.offpolicy import ActorCriticOffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.errors import UserError
 from corral.optim import FlatAdam
@@ -28,7 +28,7 @@ class SACConfig(OffPolicyConfig):
     policy_delay: int = option(1, "actor updates every this many critic updates", ge=1)
 
 
-class SAC(OffPolicy):
+class SAC(ActorCriticOffPolicy):
     name = "sac"
     Config = SACConfig
 
@@ -55,19 +55,6 @@ class SAC(OffPolicy):
         cfg = self.cfg
         return SquashedGaussianActor(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
                                      cfg.normalize_obs)
-
-    def make_critics(self, actor) -> torch.nn.Module:
-        """The critics ensemble on the actor's features (images: a CNN of their own)."""
-        cfg = self.cfg
-        own = self.obs_space if actor.enc.trainable else None
-        return Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, own)
-
-    def make_networks(self):
-        actor = self.make_actor()
-        return actor.to(self.device), self.make_critics(actor).to(self.device)
-
-    def normalizer(self):
-        return self.actor.enc.norm
 
     def explore(self, obs):
         box = self.actor.box

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import gymnasium as gym
 import torch
 
-from corral.actors.offpolicy import Critics, DeterministicActor
+from corral.actors.offpolicy import DeterministicActor
 from corral.algos.base import Action
-from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
+from corral.algos.offpolicy import ActorCriticOffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.errors import UserError
 
@@ -31,10 +31,9 @@ class TD3Config(OffPolicyConfig):
     learning_starts: int = option(10_000, "env steps collected before the first update", ge=0)
 
 
-class TD3(OffPolicy):
+class TD3(ActorCriticOffPolicy):
     name = "td3"
     Config = TD3Config
-
     networks = ("actor", "critics", "actor_target", "critics_target")
     optimizers = ("actor_opt", "critic_opt")
 
@@ -52,19 +51,6 @@ class TD3(OffPolicy):
     def make_actor(self) -> torch.nn.Module:
         cfg = self.cfg
         return DeterministicActor(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs)
-
-    def make_critics(self, actor) -> torch.nn.Module:
-        """The critics ensemble on the actor's features (images: a CNN of their own)."""
-        cfg = self.cfg
-        own = self.obs_space if actor.enc.trainable else None
-        return Critics(actor.enc.dim, actor.box.dim, cfg.n_critics, tuple(cfg.hidden), cfg.activation, own)
-
-    def make_networks(self):
-        actor = self.make_actor()
-        return actor.to(self.device), self.make_critics(actor).to(self.device)
-
-    def normalizer(self):
-        return self.actor.enc.norm
 
     def explore(self, obs):
         box = self.actor.box
