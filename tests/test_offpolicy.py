@@ -115,7 +115,7 @@ def phase_grads(algo, batch, noise=None):
     nets = {"actor": list(algo.actor.parameters()), "critics": list(algo.critics.parameters())}
     if getattr(algo, "auto_alpha", False):
         nets["log_alpha"] = [algo.log_alpha]
-    names = {id(o): n for n, o in vars(algo).items() if o in algo.optimizers()}
+    names = {id(o): n for n, o in vars(algo).items() if any(o is opt for opt in algo.optimizers())}
     phases = []
 
     def step(optimizer, loss):
