@@ -198,12 +198,15 @@ def test_apex_dqn_with_two_ray_collectors_learns_cartpole(ray_local, tmp_path):
 def test_apex_ddpg_with_two_ray_collectors_learns_pendulum(ray_local, tmp_path):
     # The apex_ddpg Pendulum preset (20k steps, 2 collectors x 2 envs). Measured here: eval
     # -136 with Ray in 150 s, -134 in-process in 52 s (random play: about -1200). Robust by
-    # design: periodic deterministic evaluations (5 episodes every 2k steps), stop at -150,
-    # the best one's checkpoint, and a held-out evaluation on other seeds with a margin.
+    # design: periodic deterministic evaluations (10 episodes every 2k steps) over the whole
+    # budget, the best one's checkpoint, and a held-out evaluation on other seeds (20 episodes)
+    # with a margin. No early stop: the periodic evaluations replay the same initial states, and
+    # a stop at -150 on them picked policies that scored -390 (5 episodes) and -323 (10) held out.
     agent = corral.train("apex_ddpg", "Pendulum-v1", seed=0, run_dir=str(tmp_path / "r"),
-                         **{"scheme.collectors": 2, "eval.every": 2000, "eval.episodes": 5,
-                            "eval.stop_at_return": -150, "tensorboard": False})
+                         **{"scheme.collectors": 2, "eval.every": 2000, "eval.episodes": 10, "tensorboard": False})
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    evals = [(m["step"], round(m["eval_return"], 1)) for m in map(json.loads, lines) if "eval_return" in m]
     best = corral.load(tmp_path / "r")
-    held_out = corral.evaluate(best, "Pendulum-v1", episodes=10, seed=123)["mean_return"]
-    print(f"\napex-ddpg-ray: steps={agent.summary['env_steps']} held_out={held_out:.1f}")
-    assert held_out >= -400
+    held_out = corral.evaluate(best, "Pendulum-v1", episodes=20, seed=123)["mean_return"]
+    print(f"\napex-ddpg-ray: steps={agent.summary['env_steps']} held_out={held_out:.1f} evals={evals}")
+    assert held_out >= -400, (held_out, evals)
