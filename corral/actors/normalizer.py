@@ -28,7 +28,7 @@ class RunningNormalizer(nn.Module):
         # Device-resident runs (``defer_checks``) fold batches without a host read: a non-finite
         # input is remembered here and reported by ``check_finite`` (once per update).
         self.defer_checks = False
-        self.register_buffer("_nonfinite", torch.zeros((), dtype=torch.bool), persistent=False)
+        self._nonfinite: torch.Tensor | None = None  # not a buffer: no state, nothing to sync
         self._refresh()
 
     def _refresh(self) -> None:
@@ -49,7 +49,8 @@ class RunningNormalizer(nn.Module):
     def _update(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, *self.mean.shape).to(torch.float64)
         if self.defer_checks:
-            self._nonfinite |= ~torch.isfinite(x).all()
+            bad = ~torch.isfinite(x).all()
+            self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
         elif not torch.isfinite(x).all():
             raise ValueError(self.NONFINITE)
         self.merge(self._count_of(x.shape[0]), x.mean(0), x.var(0, unbiased=False))
@@ -68,7 +69,7 @@ class RunningNormalizer(nn.Module):
 
     def check_finite(self) -> None:
         """Raise if a deferred check saw a non-finite input (one host read)."""
-        if self.defer_checks and bool(self._nonfinite):
+        if self.defer_checks and self._nonfinite is not None and bool(self._nonfinite):
             raise ValueError(self.NONFINITE)
 
     @torch.no_grad()
