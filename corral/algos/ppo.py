@@ -193,7 +193,7 @@ class PPOBatch:
 
 
 class PPO(Algorithm):
-    """PPO, and the update loop its family shares (IMPALA/APPO, sharded PPO, on-device PPO).
+    """PPO, and the update loop its family shares (IMPALA/APPO, sharded PPO, device-resident runs).
 
     ``update`` is: schedules, ``prepare_batch`` (GAE here, V-trace columns in IMPALA),
     ``train_minibatches`` over ``minibatch_plan`` (each minibatch a ``minibatch_step``:
@@ -256,7 +256,7 @@ class PPO(Algorithm):
 
     def observe(self, step: Step):
         # No host read here: V(final_obs) of truncated steps is computed at update time, in one
-        # batch (``fill_final_values``), from the normalized final observations stored densely.
+        # batch (``final_values`` in ``prepare_batch``), from the normalized final observations stored densely.
         ex, reward = step.extras, step.reward
         if self.cfg.normalize_reward:
             reward = self._scale_reward(reward, step.episode_ended())
