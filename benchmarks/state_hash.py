@@ -25,7 +25,9 @@ CASES = {
     "dqn": ("dqn", "CartPole-v1", 6000, {"eval.episodes": 0}),
     "sac": ("sac", "Pendulum-v1", 1500, {"eval.episodes": 0, "sac.learning_starts": 500}),
     "td3": ("td3", "Pendulum-v1", 1500, {"eval.episodes": 0, "td3.learning_starts": 500}),
-    "impala": ("impala", "CartPole-v1", 4096, {"eval.episodes": 0}),
+    # the CartPole preset before its lr change (the hash compares code, not presets)
+    "impala": ("impala", "CartPole-v1", 4096, {"eval.episodes": 0, "impala.lr": 5e-4,
+                                               "impala.lr_schedule": "constant"}),
     # truncation on every episode (V(final_obs) bootstraps), reward and observation scaling
     "ppo_pendulum": ("ppo", "Pendulum-v1", 4096, {"eval.episodes": 0, "ppo.normalize_reward": True,
                                                   "ppo.normalize_obs": True, "env.num_envs": 4}),
