@@ -15,7 +15,8 @@ from corral.train.learner import Learner
 from corral.train.setup import build_config
 
 QUIET = ["--set", "tensorboard=false", "--set", "eval.episodes=1"]
-FAST = {"n_steps": 16, "env.num_envs": 4, "tensorboard": False, "progress": False, "eval.episodes": 0}
+FAST = {"n_steps": 16, "env.num_envs": 4, "tensorboard": False, "progress": False, "eval.episodes": 0,
+        "lr_schedule": "constant"}  # N + resume to 2N equals 2N where schedules do not depend on the budget
 
 
 def params(algo):
