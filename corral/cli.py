@@ -129,6 +129,8 @@ def _cmd_list(args) -> int:
         print(f"  {algo}: {', '.join(envs)}")
     print("env families:")
     print("  classic control  CartPole-v1, Acrobot-v1, MountainCar-v0, MountainCarContinuous-v0, Pendulum-v1")
+    print("  toy text         FrozenLake-v1, FrozenLake8x8-v1, Taxi-v4, CliffWalking-v1, Blackjack-v1")
+    print("                   (Discrete observations: one-hot inside the networks, stored as integers)")
     print("  box2d            LunarLander-v3, BipedalWalker-v3, CarRacing-v3   (pip install 'corral[box2d]')")
     print("  mujoco           HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5    (pip install 'corral[mujoco]')")
     print("  atari            ALE/Pong-v5, ALE/Breakout-v5, ...                  (pip install 'corral[atari]')")

@@ -74,6 +74,48 @@ def is_image_space(space) -> bool:
     return shape is not None and len(shape) == 3 and getattr(space, "dtype", None) == np.uint8
 
 
+def is_discrete_space(space) -> bool:
+    """Discrete, MultiDiscrete or MultiBinary: observations stored as integers and encoded
+    (one-hot, or 0/1 floats) inside the network."""
+    import gymnasium as gym
+
+    return isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
+
+
+class OneHotEncoder(nn.Module):
+    """Integer observations -> features, as Stable-Baselines3 encodes them: a Discrete one
+    one-hot, a MultiDiscrete one as its one-hots concatenated, a MultiBinary one as 0/1
+    floats. Storage keeps the integers (one per part, not one float per category); the
+    one-hot is made here, once per forward pass (one ``scatter_``)."""
+
+    def __init__(self, space):
+        super().__init__()
+        import gymnasium as gym
+        import numpy as np
+
+        self.binary = isinstance(space, gym.spaces.MultiBinary)
+        self.shape = tuple(space.shape)
+        if self.binary:
+            self.out_dim = int(math.prod(self.shape))
+            return
+        if isinstance(space, gym.spaces.Discrete):
+            sizes, starts = [int(space.n)], [int(space.start)]
+        else:
+            sizes = [int(n) for n in space.nvec.reshape(-1)]
+            start = getattr(space, "start", None)
+            starts = [int(v) for v in np.reshape(start, -1)] if start is not None else [0] * len(sizes)
+        # part i's category c goes to column offset_i + c - start_i
+        offsets = torch.tensor(np.cumsum([0] + sizes[:-1]) - np.array(starts), dtype=torch.long)
+        self.register_buffer("offsets", offsets, persistent=False)
+        self.out_dim = int(sum(sizes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.binary:
+            return x.reshape(x.shape[0], -1).float()
+        idx = x.reshape(x.shape[0], -1).long() + self.offsets
+        return torch.zeros(x.shape[0], self.out_dim, device=x.device).scatter_(1, idx, 1.0)
+
+
 class NatureCNN(nn.Module):
     """The DQN Nature paper's encoder (Mnih et al. 2015): uint8 images in, scaled to
     [0, 1] inside the network, so storage stays uint8; 512 features out."""

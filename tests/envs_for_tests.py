@@ -146,3 +146,70 @@ class RampEnv(gym.Env):
     def step(self, action):
         self.t += 1
         return np.array([float(self.t)], np.float32), float(self.t), False, self.t >= self.limit, {}
+
+
+class IdentityEnv(gym.Env):
+    """Stable-Baselines3's identity test env in corral's words: each observation is a random
+    element of ``space``, the action space is the same space, and the reward is 1 when the
+    action equals the observation (every part of it); 100 steps per episode (truncated). A
+    policy that copies its input scores 100."""
+
+    def __init__(self, space: gym.Space, ep_length: int = 100):
+        self.observation_space = self.action_space = space
+        self.ep_length = ep_length
+        self.t = 0
+        self.state = None
+
+    def _draw(self):
+        space = self.observation_space
+        if isinstance(space, gym.spaces.Discrete):
+            return int(space.start + self.np_random.integers(space.n))
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            return self.np_random.integers(space.nvec).astype(space.dtype)
+        return self.np_random.integers(0, 2, size=space.shape).astype(space.dtype)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.state = self._draw()
+        return self.state, {}
+
+    def step(self, action):
+        reward = float(np.all(np.asarray(action) == np.asarray(self.state)))
+        self.t += 1
+        self.state = self._draw()
+        return self.state, reward, False, self.t >= self.ep_length, {}
+
+
+def identity_discrete(n: int = 4):
+    return IdentityEnv(gym.spaces.Discrete(n))
+
+
+def identity_multidiscrete(n: int = 3):
+    return IdentityEnv(gym.spaces.MultiDiscrete([n, n]))
+
+
+def identity_multibinary(n: int = 3):
+    return IdentityEnv(gym.spaces.MultiBinary(n))
+
+
+class DiscretePartEnv(gym.Env):
+    """A Dict observation with a Discrete part (``cell``) beside a vector part (``vec``)."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict({"cell": gym.spaces.Discrete(5),
+                                                  "vec": gym.spaces.Box(-100, 100, (2,), np.float32)})
+        self.action_space = gym.spaces.Discrete(2)
+        self.t = 0
+
+    def _obs(self):
+        return {"cell": int(self.t % 5), "vec": np.array([50.0 + self.t, -30.0], np.float32)}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 1.0, False, self.t >= 10, {}

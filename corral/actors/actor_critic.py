@@ -11,8 +11,8 @@ from torch import nn
 
 from corral.actors.normalizer import RunningNormalizer
 from corral.envs.spaces import layout_of
-from corral.nets import (CategoricalHead, DiagGaussianHead, MultiCategoricalHead, NatureCNN, ParallelMLP,
-                         is_image_space)
+from corral.nets import (CategoricalHead, DiagGaussianHead, MultiCategoricalHead, NatureCNN, OneHotEncoder,
+                         ParallelMLP, is_discrete_space, is_image_space)
 
 
 class ActionScaler(nn.Module):
@@ -51,7 +51,7 @@ class MultiInputEncoder(nn.Module):
             vec[p.start:p.stop] = False
             raw[p.start:p.stop] = True
         for p in self.layout:
-            if p.key == mask_key:
+            if p.key == mask_key or p.onehot:  # flags and one-hot parts are not normalized
                 raw[p.start:p.stop] = True
         self.register_buffer("vec_idx", vec.nonzero().squeeze(-1), persistent=False)
         self.raw_dims = raw
@@ -82,9 +82,15 @@ class ActorCritic(nn.Module):
         # Images go through a shared Nature CNN (scaled inside, stored as uint8); vectors
         # through the running normalizer, then separate policy and value MLPs.
         self.image = is_image_space(obs_space)
-        self.obs_norm = RunningNormalizer(self.obs_shape, enabled=normalize_obs and not self.image)
+        # Discrete / MultiDiscrete / MultiBinary observations are stored as integers and
+        # one-hot encoded inside (OneHotEncoder); never normalized
+        self.onehot = OneHotEncoder(obs_space) if is_discrete_space(obs_space) else None
+        self.raw_obs = self.image or self.onehot is not None  # what rollouts store as the env gave it
+        self.obs_norm = RunningNormalizer(self.obs_shape, enabled=normalize_obs and not self.raw_obs)
         self.cnn = NatureCNN(self.obs_shape) if self.image else None
         in_dim = self.cnn.out_dim if self.image else int(math.prod(self.obs_shape))
+        if self.onehot is not None:
+            in_dim = self.onehot.out_dim
         # Dict / Tuple observations arrive flat with a layout (corral.envs.spaces): image parts
         # go through their own CNN, an "action_mask" part masks a Discrete policy, and both
         # stay raw (not normalized) in what rollouts store.
@@ -123,8 +129,8 @@ class ActorCritic(nn.Module):
 
     # --- pieces the algorithm uses on stored (already normalized) observations
     def normalize(self, obs: torch.Tensor, update: bool = False) -> torch.Tensor:
-        """What rollouts store: normalized flat vectors, or raw uint8 images."""
-        if self.image:
+        """What rollouts store: normalized flat vectors, or raw uint8 images and integer observations."""
+        if self.raw_obs:
             return obs
         if update:
             self.obs_norm.update(obs)
@@ -145,11 +151,18 @@ class ActorCritic(nn.Module):
         """Shape and dtype of one stored observation (see ``normalize``)."""
         if self.image:
             return self.obs_shape, torch.uint8
+        if self.onehot is not None:  # integers, not one float per category
+            return self.obs_shape, torch.uint8 if self.onehot.binary else torch.long
         return (int(math.prod(self.obs_shape)),), torch.float32
 
     def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy net's raw output (masked logits / mean) and the value."""
-        features = self.cnn(x) if self.cnn is not None else (self.parts(x) if self.parts is not None else x)
+        if self.cnn is not None:
+            features = self.cnn(x)
+        elif self.onehot is not None:
+            features = self.onehot(x)
+        else:
+            features = self.parts(x) if self.parts is not None else x
         out = self.body(features)
         logits = out[0]
         if self.mask_slice is not None:  # invalid actions get (numerically) zero probability

@@ -12,7 +12,7 @@ from torch import nn
 from corral.actors.actor_critic import MultiInputEncoder
 from corral.actors.normalizer import RunningNormalizer
 from corral.envs.spaces import layout_of
-from corral.nets import MLP, NatureCNN, ParallelMLP, is_image_space
+from corral.nets import MLP, NatureCNN, OneHotEncoder, ParallelMLP, is_discrete_space, is_image_space
 
 
 class ObsEncoder(nn.Module):
@@ -26,13 +26,21 @@ class ObsEncoder(nn.Module):
         image = is_image_space(obs_space)
         if image and not allow_images:
             raise ValueError("image observations are not supported by this network")
-        self.norm = RunningNormalizer(self.shape, enabled=normalize and not image)
+        # integer observations (Discrete, MultiDiscrete, MultiBinary): one-hot here, never normalized
+        self.onehot = OneHotEncoder(obs_space) if is_discrete_space(obs_space) else None
+        self.norm = RunningNormalizer(self.shape, enabled=normalize and not image and self.onehot is None)
         self.cnn = NatureCNN(self.shape) if image else None
         self.dim = self.cnn.out_dim if image else int(math.prod(self.shape))
+        if self.onehot is not None:
+            self.dim = self.onehot.out_dim
         layout = layout_of(obs_space)
-        self.parts = MultiInputEncoder(layout) if layout and any(p.image for p in layout) else None
+        parts = MultiInputEncoder(layout) if layout else None
+        # image parts through their CNNs; image, flag and one-hot parts skip the normalizer
+        self.parts = parts if parts is not None and parts.images else None
+        self.raw = parts is not None and bool(parts.raw_dims.any())
+        if self.raw:
+            self.register_buffer("raw_dims", parts.raw_dims, persistent=False)
         if self.parts is not None:
-            self.register_buffer("raw_dims", self.parts.raw_dims, persistent=False)
             self.dim = self.parts.out_dim
 
     @property
@@ -45,10 +53,12 @@ class ObsEncoder(nn.Module):
         one's, so targets never see observations scaled by statistics from the last copy)."""
         if self.cnn is not None:
             return self.cnn(obs)
+        if self.onehot is not None:
+            return self.onehot(obs)
         x = (norm if norm is not None else self.norm)(obs).flatten(1)
-        if self.parts is not None:
-            x = self.parts(torch.where(self.raw_dims, obs.flatten(1).float(), x))
-        return x
+        if self.raw:
+            x = torch.where(self.raw_dims, obs.flatten(1).float(), x)
+        return self.parts(x) if self.parts is not None else x
 
 
 class QNetwork(nn.Module):

@@ -60,8 +60,10 @@ def plain_state(obj: Any) -> dict[str, Any]:
     for k, v in vars(obj).items():
         if isinstance(v, (bool, int, float, str, type(None))):
             out[k] = v
-        elif isinstance(v, np.ndarray):
+        elif isinstance(v, np.ndarray) and v.dtype.kind in "biufc":
             out[k] = {"__ndarray__": np.array(v)}
+        # arrays of strings or objects (FrozenLake's map) are what the env was built with, not
+        # state it changes: the checkpoint stays numeric and the env keeps its own
         elif isinstance(v, np.generic):
             out[k] = {"__npscalar__": v.item(), "dtype": str(v.dtype)}
         elif isinstance(v, np.random.Generator):

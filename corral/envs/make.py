@@ -251,8 +251,8 @@ def check_env(env: gym.Env, name: str) -> None:
             f"env {name!r}: action space {env.action_space} is not supported yet "
             "(Discrete, Box, MultiDiscrete and MultiBinary are)"
         )
-    if not isinstance(env.observation_space, spaces.Box):
+    if not isinstance(env.observation_space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
         raise UserError(
-            f"env {name!r}: observation space {env.observation_space} is not supported yet (Box, Dict and "
-            "Tuple are); wrap it with gymnasium.wrappers.FlattenObservation"
+            f"env {name!r}: observation space {env.observation_space} is not supported yet (Box, Discrete, "
+            "MultiDiscrete, MultiBinary, Dict and Tuple are); wrap it with gymnasium.wrappers.FlattenObservation"
         )

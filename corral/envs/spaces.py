@@ -22,6 +22,7 @@ class Part(NamedTuple):
     image: bool
     start: int
     stop: int
+    onehot: bool = False  # a Discrete / MultiDiscrete / MultiBinary part (one-hot or 0/1): never normalized
 
 
 def _is_image(space: gym.Space) -> bool:
@@ -39,7 +40,8 @@ class FlattenParts(gym.ObservationWrapper):
         layout, start = [], 0
         for key, sub in items:
             n = int(gym.spaces.flatdim(sub))
-            layout.append(Part(key, tuple(sub.shape or ()), _is_image(sub), start, start + n))
+            onehot = isinstance(sub, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
+            layout.append(Part(key, tuple(sub.shape or ()), _is_image(sub), start, start + n, onehot))
             start += n
         box = gym.spaces.Box(-np.inf, np.inf, (start,), np.float32)
         box.corral_layout = layout  # travels with the space (pickles with its __dict__)
