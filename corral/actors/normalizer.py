@@ -50,7 +50,10 @@ class RunningNormalizer(nn.Module):
         x = x.reshape(-1, *self.mean.shape).to(torch.float64)
         if self.defer_checks:
             bad = ~torch.isfinite(x).all()
-            self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+            if self._nonfinite is None:
+                self._nonfinite = bad
+            else:
+                self._nonfinite.logical_or_(bad)  # in place: no new flag tensor per step
         elif not torch.isfinite(x).all():
             raise ValueError(self.NONFINITE)
         self.merge(self._count_of(x.shape[0]), x.mean(0), x.var(0, unbiased=False))
