@@ -219,6 +219,15 @@ def test_one_draw_for_several_batches_gives_the_per_batch_draws():
             assert torch.equal(getattr(part, name), getattr(one, name)), name
 
 
+def held_tensors(buf):
+    """Every tensor a buffer holds, its side stores' included."""
+    for v in vars(buf).values():
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif hasattr(v, "keys") and hasattr(v, "values") and isinstance(v.values, torch.Tensor):
+            yield from (v.keys, v.values)
+
+
 def test_observations_are_stored_once():
     image = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     capacity = 1000
@@ -226,7 +235,7 @@ def test_observations_are_stored_once():
     obs_bytes = capacity * 4 * 84 * 84
     # Every tensor the buffer holds, counting storages shared by views once.
     storages = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes()
-                for v in vars(buf).values() if isinstance(v, torch.Tensor)}
+                for v in held_tensors(buf)}
     held = sum(storages.values())
     assert buf._obs.dtype == torch.uint8
     assert abs(held - buf.nbytes) < 1024  # nbytes leaves out a few tiny constant tensors

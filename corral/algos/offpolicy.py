@@ -23,6 +23,7 @@ import torch
 from corral.actors.offpolicy import Critics
 from corral.algos.base import Algorithm, Step
 from corral.config import Activation, option
+from corral.envs.spaces import frame_stack_of
 from corral.errors import TrainingError, UserError
 from corral.optim import FlatAdam
 from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer, ReplayCapacityError
@@ -78,7 +79,8 @@ class OffPolicy(Algorithm):
     def _make_replay(self):
         cfg, rng = self.cfg, self.rng
         num_envs, obs_space, act_space = self.num_envs, self.obs_space, self.act_space
-        kw = dict(device=self.device, seed=rng.seeds["replay"], n_step=cfg.n_step, gamma=cfg.gamma)
+        kw = dict(device=self.device, seed=rng.seeds["replay"], n_step=cfg.n_step, gamma=cfg.gamma,
+                  frame_stack=frame_stack_of(obs_space))  # stacked frames (Atari) are stored once each
         try:
             if cfg.prioritized:
                 return PrioritizedReplayBuffer(cfg.buffer_size, num_envs, obs_space, act_space,

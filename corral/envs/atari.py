@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium as gym
 
 from corral.envs.group import EPISODE_KEY
+from corral.envs.spaces import declare_frame_stack
 from corral.errors import UserError
 
 # Games people name most, so a short name can say "install ale-py" before ale-py is there.
@@ -202,6 +203,7 @@ def wrap_atari(env: gym.Env, options: AtariOptions | None = None) -> gym.Env:
         env = gym.wrappers.ClipReward(env, -1.0, 1.0)
     if o.frame_stack > 1:
         env = gym.wrappers.FrameStackObservation(env, o.frame_stack)
+        declare_frame_stack(env.observation_space, o.frame_stack)  # [k, H, W] (RGB: [k, H, W, 3])
     return env
 
 

@@ -25,6 +25,7 @@ import torch
 from corral.envs.base import EnvError
 from corral.envs.make import check_env, env_name
 from corral.envs.host import HostVecEnv, tree_to_torch
+from corral.envs.spaces import declare_frame_stack
 from corral.errors import UserError
 
 
@@ -97,6 +98,8 @@ class EnvPoolVecEnv(HostVecEnv):
         self._make(int(np.random.SeedSequence().generate_state(1)[0] % (2**31 - num_envs)))
         pool = self._pool
         check_env(pool, env_name(spec))  # type: ignore[arg-type]
+        if atari and int(options["stack_num"]) > 1:  # frames on the first axis: [stack_num * channels, H, W]
+            declare_frame_stack(pool.observation_space, int(options["stack_num"]))
         self._init_front(num_envs, pool.observation_space, pool.action_space, env_name(spec), device, check_finite,
                          strict)
         self._ep_ret = np.zeros(num_envs, dtype=np.float64)

@@ -63,3 +63,15 @@ def flatten_parts(env: gym.Env) -> gym.Env:
 
 def layout_of(space: gym.Space) -> list[Part] | None:
     return getattr(space, "corral_layout", None)
+
+
+def declare_frame_stack(space: gym.Space, k: int) -> gym.Space:
+    """Mark ``space`` as a stack of the env's last ``k`` frames on its first axis (what
+    corral's Atari envs produce), so replay stores each frame once. Returns ``space``."""
+    space.corral_frame_stack = int(k)  # travels with the space (pickles with its __dict__)
+    return space
+
+
+def frame_stack_of(space: gym.Space) -> int:
+    """Frames an observation of ``space`` stacks on its first axis, as its env declared (1: none)."""
+    return int(getattr(space, "corral_frame_stack", 1))

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 
+from corral.envs.spaces import frame_stack_of
 from corral.rng import set_generator_state
 from corral.schemes.collector import FragmentData
 from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer
@@ -53,7 +54,7 @@ class ReplayServer:
         torch.set_num_threads(1)
         c = algo_cfg
         self.cfg = c
-        kw = dict(device="cpu", seed=seed, n_step=c.n_step, gamma=c.gamma)
+        kw = dict(device="cpu", seed=seed, n_step=c.n_step, gamma=c.gamma, frame_stack=frame_stack_of(obs_space))
         if c.prioritized:
             self.buffer = PrioritizedReplayBuffer(c.buffer_size, num_envs, obs_space, act_space, alpha=c.per_alpha,
                                                   beta=c.per_beta, beta_final=c.per_beta_final, eps=c.per_eps, **kw)

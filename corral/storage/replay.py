@@ -56,7 +56,9 @@ TRUNCATED = 1
 TERMINATED = 2
 
 _NO_KEY = torch.iinfo(torch.int64).max  # empty side-store entry; sorts after every real key
-_STATE_VERSION = 1
+# 2: frame stacks (``frame_stack``, ``starts``, ``heads_*``; ``obs`` holds frames then). A
+# version 1 state (whole observations) loads into either layout.
+_STATE_VERSION = 2
 
 
 class ReplayCapacityError(MemoryError):
@@ -163,6 +165,88 @@ def _gib(n: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# side stores
+
+
+class _SideStore:
+    """A ring of ``(key, value)`` entries for the few slots that need a whole observation
+    of their own (the final observation of an ended episode; with frame stacks, the
+    stack a slot starts from). Keys are ``global_step * N + env``, handed out in
+    increasing order, so the ring is two sorted runs and a look-up is a
+    ``searchsorted``. Entries die in the order they were written, so the ring only
+    grows when more entries are live than it holds; it then doubles."""
+
+    def __init__(self, capacity: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, check_fits,
+                 what: str):
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self._check_fits, self.what = check_fits, what
+        self.keys = torch.full((capacity,), _NO_KEY, dtype=torch.int64, device=device)
+        self.values = torch.zeros((capacity, *shape), dtype=dtype, device=device)
+        self.cursor = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+    def put(self, keys: torch.Tensor, values: torch.Tensor, oldest_live: int) -> None:
+        """Append entries; ``oldest_live``: keys below it belong to overwritten rows (dead)."""
+        m, size, c = keys.numel(), self.keys.numel(), self.cursor
+        wrap = c + m > size
+        target = torch.arange(0, m, device=self.device) if wrap else torch.arange(c, c + m, device=self.device)
+        old = self.keys[target]
+        # Entries die oldest first, so if the ones at the target are dead, so is any
+        # tail skipped by wrapping (it is older still).
+        if bool(((old != _NO_KEY) & (old >= oldest_live)).any()):
+            self._grow(m, oldest_live)
+            c = self.cursor
+        elif wrap:
+            self.keys[c:] = _NO_KEY  # keep the ring two sorted runs
+            c = 0
+        self.keys[c : c + m] = keys.to(self.device)
+        self.values[c : c + m] = values.to(self.device, self.dtype)
+        self.cursor = c + m
+
+    def _grow(self, incoming: int, oldest_live: int) -> None:
+        size = self.keys.numel()
+        new_size = max(2 * size, size + incoming)
+        self._check_fits(new_size * (_element_bytes(self.shape, self.dtype) + 8),
+                         what=f"Growing the {self.what} to {new_size} entries")
+        live = (self.keys != _NO_KEY) & (self.keys >= oldest_live)
+        keys, order = torch.sort(self.keys[live])
+        values = self.values[live][order]
+        n = keys.numel()
+        self.keys = torch.full((new_size,), _NO_KEY, dtype=torch.int64, device=self.device)
+        self.keys[:n] = keys
+        self.values = torch.zeros((new_size, *self.shape), dtype=self.dtype, device=self.device)
+        self.values[:n] = values
+        self.cursor = n
+
+    def positions(self, keys: torch.Tensor) -> torch.Tensor:
+        """Position of each key (garbage for keys that are not stored)."""
+        fk, c = self.keys, self.cursor
+        size = fk.numel()
+        # fk[:c] holds the newest keys, fk[c:] older ones then empty entries; both runs are sorted.
+        if c == 0 or c == size:
+            pos = torch.searchsorted(fk, keys)
+        else:
+            newer = torch.searchsorted(fk[:c], keys)
+            older = c + torch.searchsorted(fk[c:], keys)
+            pos = torch.where(keys >= fk[0], newer, older)
+        return pos.clamp_(max=size - 1)
+
+    def get(self, keys: torch.Tensor) -> torch.Tensor:
+        return self.values[self.positions(keys)]
+
+    def state(self, prefix: str) -> dict[str, Any]:
+        return {f"{prefix}_obs": self.values, f"{prefix}_keys": self.keys, f"{prefix}_cursor": self.cursor}
+
+    def load(self, state: dict[str, Any], prefix: str) -> None:
+        self.keys = state[f"{prefix}_keys"].to(self.device, torch.int64).clone()
+        self.values = state[f"{prefix}_obs"].to(self.device, self.dtype).clone()
+        self.cursor = int(state[f"{prefix}_cursor"])
+
+
+# ---------------------------------------------------------------------------------------------
 # uniform replay
 
 
@@ -180,6 +264,12 @@ class ReplayBuffer:
         final_obs_capacity: initial entries of the side store of final
             observations (default ``max(2 * num_envs, capacity // 100)``); it
             grows if more episode ends are live at once.
+        frame_stack: ``k > 1``: each observation is a stack of the env's last
+            ``k`` frames on its first axis (shape ``[k * c, ...]``, as corral's
+            Atari envs declare with ``corral.envs.spaces.frame_stack_of``), and
+            only the newest frame of each is stored (see "Frame stacks" above).
+            The stacks can come from any env: ``add`` checks which ones continue
+            the previous one and keeps the others whole.
     """
 
     def __init__(
@@ -193,8 +283,9 @@ class ReplayBuffer:
         n_step: int = 1,
         gamma: float = 0.99,
         final_obs_capacity: int | None = None,
+        frame_stack: int = 1,
     ):
-        capacity, num_envs, n_step = int(capacity), int(num_envs), int(n_step)
+        capacity, num_envs, n_step, k = int(capacity), int(num_envs), int(n_step), int(frame_stack)
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         if n_step < 1:
@@ -216,24 +307,47 @@ class ReplayBuffer:
         self.obs_space, self.action_space = obs_space, action_space
         self.obs_shape, self.obs_dtype = _obs_spec(obs_space)
         self.action_shape, self._action_dtype, self._action_out_dtype = _action_spec(action_space)
+        if k < 1:
+            raise ValueError(f"frame_stack must be at least 1, got {k}")
+        if k > 1 and (not isinstance(obs_space, gym.spaces.Box) or len(self.obs_shape) < 2
+                      or self.obs_shape[0] % k):
+            raise ValueError(
+                f"frame_stack={k} needs observations that stack {k} frames on their first axis "
+                f"(shape [{k} * channels, ...]), but the observation space is {obs_space}; use frame_stack=1"
+            )
+        self.frame_stack = k
+        # Rows of observations kept: whole ones, one per slot; or the newest frame of each,
+        # with k - 1 rows more so the oldest slot's stack is still there.
+        self.frame_shape = (self.obs_shape[0] // k, *self.obs_shape[1:]) if k > 1 else self.obs_shape
+        self._obs_rows = rows + k - 1
 
         final_cap = max(2 * num_envs, self.capacity // 100) if final_obs_capacity is None else int(final_obs_capacity)
         final_cap = max(final_cap, num_envs)  # one add can end every env's episode
         self._check_fits(self._bytes_needed(final_cap), what=f"ReplayBuffer(buffer_size={capacity})")
 
-        T, N = rows, num_envs
+        T, N, R = rows, num_envs, self._obs_rows
         kw = dict(device=self.device)
-        self._obs = torch.zeros((T, N, *self.obs_shape), dtype=self.obs_dtype, **kw)
+        self._obs = torch.zeros((R, N, *self.frame_shape), dtype=self.obs_dtype, **kw)
         self._action = torch.zeros((T, N, *self.action_shape), dtype=self._action_dtype, **kw)
         self._reward = torch.zeros((T, N), dtype=torch.float32, **kw)
         self._flags = torch.zeros((T, N), dtype=torch.uint8, **kw)
-        self._final_obs = torch.zeros((final_cap, *self.obs_shape), dtype=self.obs_dtype, **kw)
-        self._final_keys = torch.full((final_cap,), _NO_KEY, dtype=torch.int64, **kw)
-        self._final_cursor = 0
+        name = f"ReplayBuffer(buffer_size={self.capacity})"
+        self._final = _SideStore(final_cap, self.obs_shape, self.obs_dtype, self.device, self._check_fits,
+                                 what=f"final-observation store of {name}")
+        if k > 1:
+            # _starts[r, e]: that slot's stack does not continue the one before it in its
+            # column, and is kept whole in _heads; _last_obs: the stacks of the last add.
+            self._starts = torch.zeros((R, N), dtype=torch.bool, **kw)
+            self._starts_flat = self._starts.view(R * N)
+            self._heads = _SideStore(final_cap, self.obs_shape, self.obs_dtype, self.device, self._check_fits,
+                                     what=f"episode-start store of {name}")
+            self._last_obs = torch.zeros((N, *self.obs_shape), dtype=self.obs_dtype, **kw)
+            self._stack_lags = torch.arange(k - 1, -1, -1, device=self.device)  # position p holds lag k-1-p
+            self._start_lags = torch.arange(k - 1, device=self.device)
         self._steps = 0  # add() calls so far; row of the next add is _steps % T
 
         # Flat views: slot (t, e) is element t * N + e, so one index gathers a batch.
-        self._obs_flat = self._obs.view(T * N, *self.obs_shape)
+        self._obs_flat = self._obs.view(R * N, *self.frame_shape)
         self._action_flat = self._action.view(T * N, *self.action_shape)
         self._reward_flat = self._reward.view(T * N)
         self._flags_flat = self._flags.view(T * N)
@@ -283,8 +397,13 @@ class ReplayBuffer:
     def _bytes_needed(self, final_obs_capacity: int) -> int:
         """Bytes the storage tensors take for this capacity (what the memory check compares)."""
         obs = _element_bytes(self.obs_shape, self.obs_dtype)
-        per_slot = obs + _element_bytes(self.action_shape, self._action_dtype) + 4 + 1  # + reward, flags
-        return self.capacity * per_slot + final_obs_capacity * (obs + 8) + self._extra_bytes()
+        per_slot = _element_bytes(self.action_shape, self._action_dtype) + 4 + 1  # + reward, flags
+        needed = self.capacity * per_slot + final_obs_capacity * (obs + 8) + self._extra_bytes()
+        per_row = _element_bytes(self.frame_shape, self.obs_dtype)  # a whole observation, or one frame
+        if self.frame_stack > 1:
+            per_row += 1  # _starts
+            needed += final_obs_capacity * (obs + 8) + self.num_envs * obs  # _heads, _last_obs
+        return needed + self._obs_rows * self.num_envs * per_row
 
     def _extra_bytes(self) -> int:
         return 0
@@ -307,8 +426,19 @@ class ReplayBuffer:
     @property
     def nbytes(self) -> int:
         """Bytes held by the storage tensors now."""
-        tensors = (self._obs, self._action, self._reward, self._flags, self._final_obs, self._final_keys)
-        return sum(t.nbytes for t in tensors) + self._extra_bytes()
+        tensors = (self._obs, self._action, self._reward, self._flags)
+        total = sum(t.nbytes for t in tensors) + self._final.nbytes + self._extra_bytes()
+        if self.frame_stack > 1:
+            total += self._starts.nbytes + self._heads.nbytes + self._last_obs.nbytes
+        return total
+
+    @property
+    def _final_obs(self) -> torch.Tensor:
+        return self._final.values
+
+    @property
+    def _final_keys(self) -> torch.Tensor:
+        return self._final.keys
 
     @property
     def steps_added(self) -> int:
@@ -359,7 +489,10 @@ class ReplayBuffer:
             self._add_numpy(obs, action, reward, terminated, truncated, next_obs)
             return
         row = self._steps % self.capacity_per_env
-        self._obs[row] = self._as_input(obs, "obs")
+        if self.frame_stack > 1:
+            self._add_frames(self._as_input(obs, "obs"))
+        else:
+            self._obs[row] = self._as_input(obs, "obs")
         self._action[row] = self._as_input(action, "action")
         self._reward[row] = self._as_input(reward, "reward")
         terminated = self._as_input(terminated, "terminated")
@@ -378,11 +511,38 @@ class ReplayBuffer:
             final = next_obs[ended.to(next_obs.device)].to(self.device)
             self._store_final(global_step * self.num_envs + ended, final)
 
+    def _store_final(self, keys: torch.Tensor, final: torch.Tensor) -> None:
+        # (after the add has counted itself) entries of overwritten rows are dead: live keys are >= this
+        self._final.put(keys, final, max(0, self._steps - self.capacity_per_env) * self.num_envs)
+
+    def _add_frames(self, obs: torch.Tensor, first: bool = False) -> None:
+        """Frame-stack ``add`` of ``obs [N, *obs_shape]``: the newest frame of each stack goes
+        in the row; a stack that is not the column's previous one shifted by a frame (an
+        episode start, or anything else) is also kept whole, in ``_heads``."""
+        N, k, step = self.num_envs, self.frame_stack, self._steps
+        obs = obs.to(self.device, self.obs_dtype)
+        stacks = obs.reshape(N, k, -1)
+        row = step % self._obs_rows
+        self._obs[row] = stacks[:, -1].reshape(N, *self.frame_shape)
+        if step == 0 or first:
+            starts = torch.ones(N, dtype=torch.bool, device=self.device)
+        else:
+            starts = (stacks[:, :-1] != self._last_obs.view(N, k, -1)[:, 1:]).reshape(N, -1).any(1)
+        self._starts[row] = starts
+        self._last_obs.copy_(obs)
+        if starts.any():
+            ids = starts.nonzero().squeeze(1)
+            # a start's stack is read while slots up to k - 2 steps later are live; its frames' rows outlast that
+            self._heads.put(step * N + ids, obs[ids], max(0, step + 1 - self._obs_rows) * N)
+
     def _add_numpy(self, obs, action, reward, terminated, truncated, next_obs) -> None:
         """``add`` for CPU storage: the same writes as the torch path, through numpy views."""
         obs_np, action_np, reward_np, flags_np = self._np
         row = self._steps % self.capacity_per_env
-        obs_np[row] = self._as_array(obs, "obs")  # numpy casts as torch's copy_ does (e.g. float64 -> float32)
+        if self.frame_stack > 1:
+            self._add_frames(self._as_input(obs, "obs"))
+        else:
+            obs_np[row] = self._as_array(obs, "obs")  # numpy casts as torch's copy_ does (e.g. float64 -> float32)
         action_np[row] = self._as_array(action, "action")
         reward_np[row] = self._as_array(reward, "reward")
         flags = flags_np[row]
@@ -396,56 +556,6 @@ class ReplayBuffer:
             next_obs = self._as_input(next_obs, "next_obs")
             final = next_obs[ended.to(next_obs.device)].to(self.device)
             self._store_final(global_step * self.num_envs + ended, final)
-
-    def _store_final(self, keys: torch.Tensor, final: torch.Tensor) -> None:
-        m, size, c = keys.numel(), self._final_keys.numel(), self._final_cursor
-        # Entries whose row has been overwritten are dead; live keys are >= this.
-        oldest_live = max(0, self._steps - self.capacity_per_env) * self.num_envs
-        wrap = c + m > size
-        target = torch.arange(0, m, device=self.device) if wrap else torch.arange(c, c + m, device=self.device)
-        old = self._final_keys[target]
-        # Entries die oldest first, so if the ones at the target are dead, so is any
-        # tail skipped by wrapping (it is older still).
-        if bool(((old != _NO_KEY) & (old >= oldest_live)).any()):
-            self._grow_final(m, oldest_live)
-            c = self._final_cursor
-        elif wrap:
-            self._final_keys[c:] = _NO_KEY  # keep the ring two sorted runs
-            c = 0
-        self._final_keys[c : c + m] = keys
-        self._final_obs[c : c + m] = final.to(self.obs_dtype)
-        self._final_cursor = c + m
-
-    def _grow_final(self, incoming: int, oldest_live: int) -> None:
-        size = self._final_keys.numel()
-        new_size = max(2 * size, size + incoming)
-        self._check_fits(
-            new_size * (_element_bytes(self.obs_shape, self.obs_dtype) + 8),
-            what=f"Growing the final-observation store of ReplayBuffer(buffer_size={self.capacity}) "
-            f"to {new_size} entries",
-        )
-        live = (self._final_keys != _NO_KEY) & (self._final_keys >= oldest_live)
-        keys, order = torch.sort(self._final_keys[live])
-        obs = self._final_obs[live][order]
-        n = keys.numel()
-        self._final_keys = torch.full((new_size,), _NO_KEY, dtype=torch.int64, device=self.device)
-        self._final_keys[:n] = keys
-        self._final_obs = torch.zeros((new_size, *self.obs_shape), dtype=self.obs_dtype, device=self.device)
-        self._final_obs[:n] = obs
-        self._final_cursor = n
-
-    def _final_positions(self, keys: torch.Tensor) -> torch.Tensor:
-        """Side-store position of each key (garbage for keys that are not stored)."""
-        fk, c = self._final_keys, self._final_cursor
-        size = fk.numel()
-        # fk[:c] holds the newest keys, fk[c:] older ones then empty entries; both runs are sorted.
-        if c == 0 or c == size:
-            pos = torch.searchsorted(fk, keys)
-        else:
-            newer = torch.searchsorted(fk[:c], keys)
-            older = c + torch.searchsorted(fk[c:], keys)
-            pos = torch.where(keys >= fk[0], newer, older)
-        return pos.clamp_(max=size - 1)
 
     # -- which slots can be sampled --------------------------------------------------------------
 
@@ -485,8 +595,9 @@ class ReplayBuffer:
 
     @property
     def obs_nbytes(self) -> int:
-        """Bytes of one stored observation (a sampled row holds two: obs and next_obs)."""
-        return self._obs_flat[0].nbytes
+        """Bytes of one observation as sampled, a whole stack (a sampled row holds two: obs and
+        next_obs); storage holds one frame of it per slot when ``frame_stack > 1``."""
+        return _element_bytes(self.obs_shape, self.obs_dtype)
 
     def valid_indices(self) -> torch.Tensor:
         """Flat indices of every sampleable slot, oldest first (for tests and inspection)."""
@@ -534,6 +645,31 @@ class ReplayBuffer:
             weights = torch.ones(indices.numel(), device=self.device)
         return self._gather(indices, weights)
 
+    def _stacks(self, step: torch.Tensor, env: torch.Tensor) -> torch.Tensor:
+        """The observations (whole stacks) of columns ``env`` at global steps ``step``, both ``[B]``.
+
+        Position ``p`` of a stack holds the frame ``j = k - 1 - p`` steps back. Going back
+        stops at the nearest start ``d`` steps back (``d <= k - 2``; a stack ``k - 1`` back
+        or more is not needed): positions with ``j <= d`` are frames of this episode, the
+        others the start's own stack shifted by ``d``, kept whole in ``_heads``.
+        """
+        k, N, R = self.frame_stack, self.num_envs, self._obs_rows
+        B = step.numel()
+        starts = self._starts_flat[((step[:, None] - self._start_lags) % R) * N + env[:, None]]  # [B, k-1]
+        d = torch.where(starts.any(1), starts.to(torch.uint8).argmax(1), k)  # k: no start within reach
+        lags = torch.minimum(self._stack_lags, d[:, None])  # [B, k]
+        rows = (step[:, None] - lags) % R
+        out = self._obs_flat[rows * N + env[:, None]]  # [B, k, *frame_shape]
+        near = (d < k - 1).nonzero().squeeze(1)
+        if near.numel():
+            dn = d[near]
+            head = self._heads.get((step[near] - dn) * N + env[near]).view(-1, k, *self.frame_shape)
+            src = (self._stack_lags.flip(0) + dn[:, None]).clamp_(max=k - 1)  # position p -> p + d of the head
+            shifted = head[torch.arange(near.numel(), device=self.device)[:, None], src]
+            before = (self._stack_lags > dn[:, None]).view(-1, k, *([1] * len(self.frame_shape)))
+            out[near] = torch.where(before, shifted, out[near])
+        return out.view(B, *self.obs_shape)
+
     def _gather(self, indices: torch.Tensor, weights: torch.Tensor) -> ReplayBatch:
         TN, N, n = self.capacity, self.num_envs, self.n_step
         if n == 1:
@@ -556,14 +692,20 @@ class ReplayBuffer:
             stop_slots = (indices + stop * N) % TN
 
         # Next observation: n rows on, or the stored final observation where the episode ended.
-        next_obs = self._obs_flat[(indices + n * N) % TN]
+        if self.frame_stack > 1:
+            step = self._slot_keys(indices) // N
+            env = indices % N
+            obs = self._stacks(step, env)
+            next_obs = self._stacks(step + n, env)
+        else:
+            obs = self._obs_flat[indices]
+            next_obs = self._obs_flat[(indices + n * N) % TN]
         ended_at = ended.nonzero().squeeze(1)
         if ended_at.numel():
-            keys = self._slot_keys(stop_slots[ended_at])
-            next_obs[ended_at] = self._final_obs[self._final_positions(keys)]
+            next_obs[ended_at] = self._final.get(self._slot_keys(stop_slots[ended_at]))
 
         return ReplayBatch(
-            obs=self._obs_flat[indices],
+            obs=obs,
             action=self._action_flat[indices].to(self._action_out_dtype),
             reward=reward,
             next_obs=next_obs,
@@ -585,6 +727,12 @@ class ReplayBuffer:
         ``torch.load(..., weights_only=True)``.
         """
         filled = self._rows_filled
+        frames = {}
+        if self.frame_stack > 1:
+            filled_obs = min(self._steps, self._obs_rows)
+            frames = {"starts": self._starts[:filled_obs], **self._heads.state("heads")}
+        else:
+            filled_obs = filled
         return {
             "version": _STATE_VERSION,
             "kind": type(self).__name__,
@@ -594,14 +742,14 @@ class ReplayBuffer:
             "gamma": self.gamma,
             "obs_shape": list(self.obs_shape),
             "action_shape": list(self.action_shape),
+            "frame_stack": self.frame_stack,
             "steps": self._steps,
-            "obs": self._obs[:filled],
+            "obs": self._obs[:filled_obs],
             "action": self._action[:filled],
             "reward": self._reward[:filled],
             "flags": self._flags[:filled],
-            "final_obs": self._final_obs,
-            "final_keys": self._final_keys,
-            "final_cursor": self._final_cursor,
+            **self._final.state("final"),
+            **frames,
             "generator": self._generator.get_state(),
         }
 
@@ -620,15 +768,39 @@ class ReplayBuffer:
                     f"replay checkpoint has {key}={theirs!r} but this {type(self).__name__} has {key}={mine!r}; "
                     "build the buffer with the same settings as the run that saved it"
                 )
-        if int(state.get("version", -1)) != _STATE_VERSION:
-            raise ValueError(f"replay checkpoint version {state.get('version')!r} is not {_STATE_VERSION}")
+        version = int(state.get("version", -1))
+        if version not in (1, _STATE_VERSION):
+            raise ValueError(f"replay checkpoint version {state.get('version')!r} is not 1 or {_STATE_VERSION}")
+        theirs, k = int(state.get("frame_stack", 1)), self.frame_stack
+        if theirs != k and theirs != 1:
+            raise ValueError(
+                f"replay checkpoint stores frames of {theirs}-frame stacks but this {type(self).__name__} has "
+                f"frame_stack={k}; build the buffer with frame_stack={theirs}"
+            )
         self._steps = int(state["steps"])
         filled = self._rows_filled
-        for name in ("obs", "action", "reward", "flags"):
+        for name in ("action", "reward", "flags"):
             getattr(self, f"_{name}")[:filled].copy_(state[name])
-        self._final_keys = state["final_keys"].to(self.device, torch.int64).clone()
-        self._final_obs = state["final_obs"].to(self.device, self.obs_dtype).clone()
-        self._final_cursor = int(state["final_cursor"])
+        self._final.load(state, "final")
+        if k == 1:
+            self._obs[:filled].copy_(state["obs"])
+        elif theirs == k:
+            filled_obs = min(self._steps, self._obs_rows)
+            self._obs[:filled_obs].copy_(state["obs"])
+            self._starts[:filled_obs].copy_(state["starts"])
+            self._heads.load(state, "heads")
+            if self._steps:
+                last = torch.full((self.num_envs,), self._steps - 1, device=self.device)
+                self._last_obs.copy_(self._stacks(last, self._env_ids))
+        else:  # whole observations saved: keep the newest frame of each, in order (exact, once)
+            steps, T = self._steps, self.capacity_per_env
+            obs = state["obs"].to(self.device)
+            self._heads.keys.fill_(_NO_KEY)
+            self._heads.cursor = 0
+            for step in range(steps - filled, steps):
+                self._steps = step
+                self._add_frames(obs[step % T], first=step == steps - filled)
+            self._steps = steps
         self._young_cache = None
         set_generator_state(self._generator, state["generator"])  # reseeded if saved on another device type
         self.server_state = state.get("server")  # a replay server's own state (Ape-X), for start_replay
