@@ -55,6 +55,10 @@ from corral.storage.sumtree import SumTree
 TRUNCATED = 1
 TERMINATED = 2
 
+# How a slot's stack begins (frame stacks): it continues the previous row's, it is its own
+# frame repeated (a reset padded as Gymnasium and EnvPool pad), or it is kept whole in _heads.
+_CONTINUES, _PADDED, _KEPT = 0, 1, 2
+
 _NO_KEY = torch.iinfo(torch.int64).max  # empty side-store entry; sorts after every real key
 # 2: frame stacks (``frame_stack``, ``starts``, ``heads_*``; ``obs`` holds frames then). A
 # version 1 state (whole observations) loads into either layout.
@@ -335,11 +339,11 @@ class ReplayBuffer:
         self._final = _SideStore(final_cap, self.obs_shape, self.obs_dtype, self.device, self._check_fits,
                                  what=f"final-observation store of {name}")
         if k > 1:
-            # _starts[r, e]: that slot's stack does not continue the one before it in its
-            # column, and is kept whole in _heads; _last_obs: the stacks of the last add.
-            self._starts = torch.zeros((R, N), dtype=torch.bool, **kw)
+            # _starts[r, e]: how that slot's stack begins (_CONTINUES, _PADDED or _KEPT whole
+            # in _heads); _last_obs: the stacks of the last add.
+            self._starts = torch.zeros((R, N), dtype=torch.uint8, **kw)
             self._starts_flat = self._starts.view(R * N)
-            self._heads = _SideStore(final_cap, self.obs_shape, self.obs_dtype, self.device, self._check_fits,
+            self._heads = _SideStore(self._heads_capacity(final_cap), self.obs_shape, self.obs_dtype, self.device, self._check_fits,
                                      what=f"episode-start store of {name}")
             self._last_obs = torch.zeros((N, *self.obs_shape), dtype=self.obs_dtype, **kw)
             self._stack_lags = torch.arange(k - 1, -1, -1, device=self.device)  # position p holds lag k-1-p
@@ -402,11 +406,16 @@ class ReplayBuffer:
         per_row = _element_bytes(self.frame_shape, self.obs_dtype)  # a whole observation, or one frame
         if self.frame_stack > 1:
             per_row += 1  # _starts
-            needed += final_obs_capacity * (obs + 8) + self.num_envs * obs  # _heads, _last_obs
+            needed += self._heads_capacity(final_obs_capacity) * (obs + 8) + self.num_envs * obs  # _heads, _last_obs
         return needed + self._obs_rows * self.num_envs * per_row
 
     def _extra_bytes(self) -> int:
         return 0
+
+    def _heads_capacity(self, final_obs_capacity: int) -> int:
+        # Stacks kept whole are rare (zero padding, fragments of several collectors in one
+        # column): start small, the store grows if needed.
+        return max(2 * self.num_envs, final_obs_capacity // 8)
 
     def _check_fits(self, needed: int, what: str) -> None:
         free = available_memory(self.device)
@@ -517,8 +526,9 @@ class ReplayBuffer:
 
     def _add_frames(self, obs: torch.Tensor, first: bool = False) -> None:
         """Frame-stack ``add`` of ``obs [N, *obs_shape]``: the newest frame of each stack goes
-        in the row; a stack that is not the column's previous one shifted by a frame (an
-        episode start, or anything else) is also kept whole, in ``_heads``."""
+        in the row. A stack that is not the column's previous one shifted by a frame starts
+        a chain: it is its newest frame repeated (a reset, as Gymnasium and EnvPool pad), or
+        it is kept whole in ``_heads`` (zero padding, another env's fragment, anything else)."""
         N, k, step = self.num_envs, self.frame_stack, self._steps
         obs = obs.to(self.device, self.obs_dtype)
         stacks = obs.reshape(N, k, -1)
@@ -528,10 +538,14 @@ class ReplayBuffer:
             starts = torch.ones(N, dtype=torch.bool, device=self.device)
         else:
             starts = (stacks[:, :-1] != self._last_obs.view(N, k, -1)[:, 1:]).reshape(N, -1).any(1)
-        self._starts[row] = starts
         self._last_obs.copy_(obs)
-        if starts.any():
-            ids = starts.nonzero().squeeze(1)
+        if not starts.any():
+            self._starts[row] = _CONTINUES
+            return
+        kept = starts & (stacks[:, :-1] != stacks[:, -1:]).reshape(N, -1).any(1)
+        self._starts[row] = torch.where(kept, _KEPT, starts.to(torch.uint8))  # _PADDED == 1
+        if kept.any():
+            ids = kept.nonzero().squeeze(1)
             # a start's stack is read while slots up to k - 2 steps later are live; its frames' rows outlast that
             self._heads.put(step * N + ids, obs[ids], max(0, step + 1 - self._obs_rows) * N)
 
@@ -651,16 +665,19 @@ class ReplayBuffer:
         Position ``p`` of a stack holds the frame ``j = k - 1 - p`` steps back. Going back
         stops at the nearest start ``d`` steps back (``d <= k - 2``; a stack ``k - 1`` back
         or more is not needed): positions with ``j <= d`` are frames of this episode, the
-        others the start's own stack shifted by ``d``, kept whole in ``_heads``.
+        others the start's own stack shifted by ``d``: its frame repeated (``_PADDED``) or
+        the stack kept whole in ``_heads`` (``_KEPT``).
         """
         k, N, R = self.frame_stack, self.num_envs, self._obs_rows
         B = step.numel()
-        starts = self._starts_flat[((step[:, None] - self._start_lags) % R) * N + env[:, None]]  # [B, k-1]
+        kinds = self._starts_flat[((step[:, None] - self._start_lags) % R) * N + env[:, None]]  # [B, k-1]
+        starts = kinds != _CONTINUES
         d = torch.where(starts.any(1), starts.to(torch.uint8).argmax(1), k)  # k: no start within reach
-        lags = torch.minimum(self._stack_lags, d[:, None])  # [B, k]
+        lags = torch.minimum(self._stack_lags, d[:, None])  # [B, k]: a padded start repeats its own frame
         rows = (step[:, None] - lags) % R
         out = self._obs_flat[rows * N + env[:, None]]  # [B, k, *frame_shape]
-        near = (d < k - 1).nonzero().squeeze(1)
+        kept = kinds.gather(1, d.clamp(max=k - 2)[:, None]).squeeze(1) == _KEPT
+        near = (kept & (d < k - 1)).nonzero().squeeze(1)
         if near.numel():
             dn = d[near]
             head = self._heads.get((step[near] - dn) * N + env[near]).view(-1, k, *self.frame_shape)
@@ -849,6 +866,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta_steps: int = 100_000,
         eps: float = 1e-6,
         final_obs_capacity: int | None = None,
+        frame_stack: int = 1,
     ):
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
@@ -861,7 +879,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._tree_capacity = (int(capacity) // max(1, int(num_envs))) * int(num_envs)
         super().__init__(
             capacity, num_envs, obs_space, action_space, device=device, seed=seed, n_step=n_step, gamma=gamma,
-            final_obs_capacity=final_obs_capacity,
+            final_obs_capacity=final_obs_capacity, frame_stack=frame_stack,
         )
         self._tree = SumTree(self.capacity, device=self.device)
         self._max_priority = torch.ones((), dtype=torch.float64, device=self.device)
