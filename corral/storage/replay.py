@@ -36,6 +36,19 @@ end at ``t + m`` (``m < n``) or for ``n`` steps::
 
 so a target is ``reward + discount * Q(next_obs)``: it stops at a termination
 and bootstraps from the true final observation at a truncation.
+
+Frame stacks. With ``frame_stack=k`` (observations ``[k * c, ...]`` holding an env's
+last ``k`` frames, oldest first, as Atari's are) a row holds only the newest frame of
+each observation: a quarter of the memory for Atari. The frame ring has ``k - 1`` rows
+more than the slot ring, so the frames behind the oldest slot are still there. A
+stack is rebuilt by gathering the frames of the ``k`` rows up to it in its column,
+stopping at the nearest row whose stack does not continue the one before: ``add``
+compares each stack with its column's previous one shifted by a frame, and marks one
+that differs as a start, either ``_PADDED`` (its newest frame repeated: a reset as
+Gymnasium's ``FrameStackObservation`` and EnvPool pad) or ``_KEPT`` whole in a second
+side store (anything else). Positions before a start hold the start's own frame or
+its kept stack, shifted. So a rebuilt stack is the one the env produced, whatever it
+pads with and whichever flags it sets. Final observations stay whole stacks.
 """
 
 from __future__ import annotations

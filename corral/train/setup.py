@@ -53,12 +53,24 @@ def load_preset(algo: str, env_id: str, base: str | None = None) -> dict:
         if path.is_file():
             presets = C.load_yaml(str(path))
             key = env_id if env_id in presets else env_id.removeprefix("native:")
+            if key not in presets and "atari" in presets and _is_atari(env_id):
+                key = "atari"  # one section for every ALE game, as rl-zoo's
             if key in presets:
                 data = dict(presets[key])
                 if name != algo and base in data:  # a variant reuses its base algorithm's section
                     data[algo] = data.pop(base)
                 return data
     return {}
+
+
+def _is_atari(env_id: str) -> bool:
+    """An ALE id or game name (``ALE/Pong-v5``, ``Pong``); False when ale-py is not installed."""
+    from corral.envs.atari import is_ale_id, register_ale, resolve_short_name
+
+    try:
+        return register_ale() and (is_ale_id(env_id) or resolve_short_name(env_id) is not None)
+    except UserError:
+        return False
 
 
 def list_presets() -> dict[str, list[str]]:
