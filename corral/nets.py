@@ -355,3 +355,87 @@ class DiagGaussianHead(nn.Module):
     def entropy(params: torch.Tensor) -> torch.Tensor:
         log_std = params.chunk(2, dim=-1)[1]
         return (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1)
+
+
+class NoisyLinear(nn.Module):
+    """A linear layer with factorised Gaussian noise on its weights (Fortunato et al. 2018):
+    ``w = mu_w + sigma_w * f(e_out) f(e_in)^T``, ``b = mu_b + sigma_b * f(e_out)`` with
+    ``f(x) = sign(x) sqrt(|x|)`` and ``e_in``, ``e_out`` standard normal.
+
+    The noise lives in two buffers that ``reset_noise(generator)`` redraws (the caller's
+    stream, so acting and learning keep their own); ``noisy = False`` gives the mean
+    weights (deterministic acting, evaluation). The forward pass never forms the noisy
+    matrix: ``x W^T = x mu_w^T + ((x * f(e_in)) sigma_w^T) * f(e_out)``."""
+
+    def __init__(self, in_features: int, out_features: int, sigma0: float = 0.5):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        bound = 1.0 / math.sqrt(in_features)
+        self.weight_mu = nn.Parameter(torch.empty(out_features, in_features).uniform_(-bound, bound))
+        self.weight_sigma = nn.Parameter(torch.full((out_features, in_features), sigma0 * bound))
+        self.bias_mu = nn.Parameter(torch.empty(out_features).uniform_(-bound, bound))
+        self.bias_sigma = nn.Parameter(torch.full((out_features,), sigma0 * bound))
+        # f(e_in), f(e_out): zero until the first reset_noise (the mean weights)
+        self.register_buffer("noise_in", torch.zeros(in_features), persistent=False)
+        self.register_buffer("noise_out", torch.zeros(out_features), persistent=False)
+        self.noisy = True
+
+    @staticmethod
+    def _f(x: torch.Tensor) -> torch.Tensor:
+        return x.sign() * x.abs().sqrt()
+
+    @torch.no_grad()
+    def reset_noise(self, generator: torch.Generator | None = None) -> None:
+        dev = self.weight_mu.device
+        self.noise_in.copy_(self._f(torch.randn(self.in_features, generator=generator, device=dev)))
+        self.noise_out.copy_(self._f(torch.randn(self.out_features, generator=generator, device=dev)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.linear(x, self.weight_mu, self.bias_mu)
+        if not self.noisy:
+            return y
+        noise = nn.functional.linear(x * self.noise_in, self.weight_sigma) + self.bias_sigma
+        return y + noise * self.noise_out
+
+
+class NoisyMLP(nn.Sequential):
+    """``MLP`` with every layer a ``NoisyLinear`` (Rainbow's heads)."""
+
+    def __init__(self, in_dim: int, hidden, act: str = "relu", out_dim: int | None = None, sigma0: float = 0.5):
+        layers: list[nn.Module] = []
+        last = in_dim
+        for h in list(hidden) + ([out_dim] if out_dim is not None else []):
+            layers += [NoisyLinear(last, h, sigma0), activation(act)()]
+            last = h
+        if out_dim is not None:
+            layers.pop()  # no activation after the output layer
+        super().__init__(*layers)
+        self.out_dim = last
+
+
+def noisy_layers(module: nn.Module) -> list[NoisyLinear]:
+    return [m for m in module.modules() if isinstance(m, NoisyLinear)]
+
+
+def reset_noise(module: nn.Module, generator: torch.Generator | None = None) -> None:
+    """Redraw the noise of every ``NoisyLinear`` in ``module``, in module order."""
+    for m in noisy_layers(module):
+        m.reset_noise(generator)
+
+
+class mean_weights:
+    """``with mean_weights(net):`` its noisy layers use their mean weights (no noise)."""
+
+    def __init__(self, module: nn.Module):
+        self.layers = noisy_layers(module)
+
+    def __enter__(self):
+        self.saved = [m.noisy for m in self.layers]
+        for m in self.layers:
+            m.noisy = False
+        return self
+
+    def __exit__(self, *exc):
+        for m, s in zip(self.layers, self.saved):
+            m.noisy = s
+        return False

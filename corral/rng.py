@@ -1,5 +1,6 @@
 """One seed spawns independent random streams: envs, action sampling, minibatches,
-replay sampling, exploration noise, network init and each worker."""
+replay sampling, exploration noise, network init, IQN's quantile fractions, noisy-net
+weights and each worker."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import hashlib
 import numpy as np
 import torch
 
-STREAMS = ("env", "eval_env", "init", "action", "minibatch", "replay", "noise")
+# New streams go at the end: a stream's seed depends on its index only, so existing runs keep theirs.
+STREAMS = ("env", "eval_env", "init", "action", "minibatch", "replay", "noise", "tau", "noisy")
 
 
 class RNGStreams:
@@ -19,7 +21,7 @@ class RNGStreams:
         children = root.spawn(len(STREAMS))
         self.seeds = {name: int(c.generate_state(1, dtype=np.uint32)[0]) for name, c in zip(STREAMS, children)}
         self.generators: dict[str, torch.Generator] = {}
-        for name in ("action", "minibatch", "replay", "noise"):
+        for name in ("action", "minibatch", "replay", "noise", "tau", "noisy"):
             g = torch.Generator(device=self.device)
             g.manual_seed(self.seeds[name])
             self.generators[name] = g

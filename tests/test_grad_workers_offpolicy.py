@@ -1,4 +1,5 @@
-"""Gradient workers for the replay algorithms (DQN family, DDPG, TD3, SAC, Ape-X DQN):
+"""Gradient workers for the replay algorithms (DQN family with C51, QR-DQN, IQN, noisy nets
+and Munchausen, DDPG, TD3, SAC, Ape-X DQN):
 sync sharding gives the single-process updates (every phase: critics, actor, temperature;
 PER priorities; targets), async applies whole steps as they land, and a run with Ray
 gradient workers trains to the same parameters as one process."""
@@ -27,6 +28,15 @@ CASES = {
     # critics, actor, automatic temperature: three optimizers in one step; normalized obs
     "sac": ("sac", "Pendulum-v1", {"sac.gradient_steps": 2, "sac.hidden": [32, 32], "sac.normalize_obs": True,
                                    "sac.prioritized": True}),
+    # C51 + noisy nets: the noise the learner draws reaches the workers in the layers' buffers
+    "rainbow": ("rainbow", "CartPole-v1", {"rainbow.gradient_steps": 3, "rainbow.train_freq": 4,
+                                           "rainbow.hidden": [32, 32], "rainbow.max_grad_norm": 10.0}),
+    # the sampled fractions are rows of the batch: each worker gets its rows' taus
+    "iqn": ("iqn", "CartPole-v1", {"iqn.gradient_steps": 2, "iqn.double": True, "iqn.hidden": [32, 32],
+                                   "iqn.n_taus": 8, "iqn.n_target_taus": 8, "iqn.n_action_taus": 4}),
+    "qrdqn": ("qrdqn", "CartPole-v1", {"qrdqn.gradient_steps": 2, "qrdqn.hidden": [32], "qrdqn.n_quantiles": 16,
+                                       "qrdqn.prioritized": True}),
+    "mdqn": ("mdqn", "CartPole-v1", {"mdqn.gradient_steps": 2, "mdqn.hidden": [32], "mdqn.n_step": 3}),
     "apex_dqn": ("apex_dqn", "CartPole-v1", {"apex_dqn.gradient_steps": 2, "apex_dqn.hidden": [32],
                                              "apex_dqn.target_update_interval": 3}),
 }

@@ -7,9 +7,11 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.algos.apex import ApexDQN, ApexTD3
+from corral.algos.apex import ApexDQN, ApexRainbow, ApexTD3
 from corral.algos.base import Algorithm
+from corral.algos.distributional import C51, IQN, QRDQN, RAINBOW_OVERRIDES
 from corral.algos.dqn import DQN, DQNConfig
+from corral.algos.mdqn import MunchausenDQN
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
 from corral.algos.sac import SAC, SACConfig
@@ -34,12 +36,19 @@ ALGOS: dict[str, AlgoSpec] = {
     "per_double_dqn": AlgoSpec(DQN, {"double": True, "prioritized": True}, "Double DQN with prioritized replay"),
     "per_d3qn": AlgoSpec(DQN, {"double": True, "dueling": True, "prioritized": True},
                          "Dueling Double DQN with prioritized replay"),
+    "noisy_dqn": AlgoSpec(DQN, {"noisy": True}, "DQN with noisy nets (no epsilon)"),
+    "c51": AlgoSpec(C51, help="C51: categorical distributional DQN (discrete)"),
+    "qrdqn": AlgoSpec(QRDQN, help="QR-DQN: quantile regression distributional DQN (discrete)"),
+    "iqn": AlgoSpec(IQN, help="IQN: implicit quantile networks (discrete)"),
+    "rainbow": AlgoSpec(C51, RAINBOW_OVERRIDES, "Rainbow: C51 + double + dueling + PER + n-step + noisy nets"),
+    "mdqn": AlgoSpec(MunchausenDQN, help="Munchausen DQN: log-policy bonus and soft backup (discrete)"),
     "ddpg": AlgoSpec(TD3, DDPG_OVERRIDES, "DDPG (continuous)"),
     "td3": AlgoSpec(TD3, help="Twin Delayed DDPG (continuous)"),
     "sac": AlgoSpec(SAC, help="Soft Actor-Critic with automatic entropy tuning (continuous)"),
     "impala": AlgoSpec(IMPALA, help="IMPALA: actor-critic with V-trace correction (asynchronous collectors)"),
     "appo": AlgoSpec(IMPALA, {"surrogate": True, "n_epochs": 4}, "APPO: IMPALA with PPO's clipped surrogate"),
     "apex_dqn": AlgoSpec(ApexDQN, help="Ape-X DQN: distributed prioritized replay, epsilon ladder (discrete)"),
+    "apex_rainbow": AlgoSpec(ApexRainbow, help="Ape-X over C51: distributed PER, double, dueling, 3-step (discrete)"),
     "apex_ddpg": AlgoSpec(ApexTD3, DDPG_OVERRIDES, "Ape-X DDPG: distributed prioritized replay, noise ladder"),
     "apex_td3": AlgoSpec(ApexTD3, help="Ape-X over TD3 (twin critics, delayed actor, target smoothing)"),
 }

@@ -1,5 +1,5 @@
 """Ape-X (Horgan et al. 2018): distributed prioritized experience replay, as a small diff
-over DQN and TD3/DDPG.
+over DQN, C51 (``apex_rainbow``) and TD3/DDPG.
 
 What changes from the base algorithms:
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from corral.algos.base import Action
+from corral.algos.distributional import C51, C51Config, categorical_projection
 from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.td3 import TD3, TD3Config
 from corral.config import option
@@ -183,3 +184,26 @@ class ApexTD3(ApexMixin, TD3):
         q = self.critics(view(obs, o), self.actor.box.to_unit(action))
         target = ret + discount * self.critics(view(next_obs, no), self.actor(no)).min(0).values
         return (q - target).abs().max(0).values
+
+
+@dataclass
+class ApexRainbowConfig(ApexDQNConfig, C51Config):
+    """Ape-X's distributed prioritized replay over C51 (double, dueling, n-step 3, PER).
+    Noisy nets stay off: the epsilon ladder explores, as in Ape-X."""
+
+
+class ApexRainbow(ApexDQN, C51):
+    name = "apex_rainbow"
+    Config = ApexRainbowConfig
+
+    @torch.no_grad()
+    def td_errors(self, obs, action, ret, next_obs, discount):
+        """The collector's priority: C51's cross-entropy against the projected n-step target,
+        bootstrapping from its own (online) copy, the network that picks the next action too."""
+        net, B = self.actor, obs.shape[0]
+        out = net.out(torch.cat([obs, next_obs]))
+        next_probs = out[B:].softmax(-1)
+        rows = torch.arange(B, device=out.device)
+        a = (next_probs * net.support).sum(-1).argmax(-1)
+        target = categorical_projection(next_probs[rows, a], ret, discount, net.support)
+        return -(target * out[:B][rows, action.long()].log_softmax(-1)).sum(-1)

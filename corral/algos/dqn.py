@@ -1,6 +1,6 @@
 """DQN (Mnih et al. 2015) and the variants that are flags on it: Double DQN
-(van Hasselt et al. 2016), dueling heads (Wang et al. 2016), n-step returns and
-prioritized replay (Schaul et al. 2016). Presets ``dqn``, ``double_dqn``,
+(van Hasselt et al. 2016), dueling heads (Wang et al. 2016), n-step returns,
+prioritized replay (Schaul et al. 2016) and noisy nets (Fortunato et al. 2018). Presets ``dqn``, ``double_dqn``,
 ``dueling_dqn``, ``d3qn`` and their ``per_`` forms are this one file with flags set.
 """
 
@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from corral.actors.distributional import ZNetwork
 from corral.actors.offpolicy import QNetwork
 from corral.algos.base import Action
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
@@ -36,6 +37,9 @@ class DQNConfig(OffPolicyConfig):
     batch_size: int = option(32, "transitions per gradient step", ge=1)
     lr: float = option(1e-4, "Adam learning rate", gt=0)
     max_grad_norm: float | None = option(10.0, "global gradient norm clip (None: off)", gt=0)
+    noisy: bool = option(False, "noisy nets: NoisyLinear layers after the encoder explore instead of epsilon "
+                                "(epsilon is 0; evaluation uses the mean weights)")
+    noisy_sigma0: float = option(0.5, "noisy nets: initial noise scale sigma_0 (sigma = sigma_0 / sqrt(fan_in))", gt=0)
 
 
 class DQN(OffPolicy):
@@ -59,8 +63,16 @@ class DQN(OffPolicy):
         """The online Q-network (the target is its copy). A distributional subclass returns
         its own network; acting and Ape-X read only ``q(obs) -> [B, actions]``."""
         cfg = self.cfg
+        if cfg.noisy:
+            return ZNetwork(self.obs_space, int(self.act_space.n), 1, **self.net_kwargs())
         return QNetwork(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation, cfg.dueling,
                         cfg.normalize_obs)
+
+    def net_kwargs(self) -> dict:
+        """The options every DQN-family network takes (``corral.actors.distributional``)."""
+        cfg = self.cfg
+        return dict(hidden=tuple(cfg.hidden), activation=cfg.activation, dueling=cfg.dueling, noisy=cfg.noisy,
+                    sigma0=cfg.noisy_sigma0, normalize_obs=cfg.normalize_obs)
 
     def normalizer(self):
         return self.actor.enc.norm
@@ -68,6 +80,8 @@ class DQN(OffPolicy):
     @property
     def epsilon(self) -> float:
         cfg = self.cfg
+        if cfg.noisy:
+            return 0.0
         frac = min(1.0, self.env_steps / max(1.0, cfg.exploration_fraction * self.total_steps))
         return cfg.exploration_initial_eps + frac * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
 
@@ -79,25 +93,39 @@ class DQN(OffPolicy):
         if bool(explore_mask.all()):  # early on, skip the forward pass entirely
             action = random_action
         else:
-            greedy = self.actor.q(obs).argmax(-1)
-            action = torch.where(explore_mask, random_action, greedy)
+            if self.cfg.noisy:  # a fresh draw of the weights' noise every acting step
+                self.actor.reset_noise(self.rng["noisy"])
+            action = torch.where(explore_mask, random_action, self.greedy(obs))
         return action, Action(action)
+
+    def greedy(self, obs) -> torch.Tensor:
+        """The exploring policy's greedy actions."""
+        return self.actor.q(obs).argmax(-1)
+
+    def draw_noise(self, batch_size):
+        # Noisy nets: fresh noise for the online and the target net every gradient step. It
+        # lives in the layers' buffers, which gradient workers receive with the synced tensors.
+        if self.cfg.noisy:
+            self.actor.reset_noise(self.rng["noisy"])
+            self.target.reset_noise(self.rng["noisy"])
+        return {}
 
     def target_update(self) -> None:
         self.polyak(self.target, self.actor, self.cfg.tau)
 
     def shared_targets(self, batch):
         # The target net only changes between updates (target_update runs in observe), so one
-        # forward over every step's next_obs serves the whole update.
-        return self.target_q(batch.next_obs)
+        # forward over every step's next_obs serves the whole update (noisy nets: the noise
+        # is redrawn every gradient step, so each step computes its own).
+        return None if self.cfg.noisy else self.target_q(batch.next_obs)
 
     def target_q(self, obs):
         """The target net's Q-values, with observations normalized by the online normalizer's
         current statistics (the target's own copy is as old as the last target update)."""
         return self.target.q(obs, norm=self.actor.enc.norm)
 
-    def phases(self, batch, noise, next_q_target=None):
-        """One gradient step; ``next_q_target`` is the target net's Q of ``batch.next_obs`` if already known."""
+    def phases(self, batch, noise, shared=None):
+        """One gradient step; ``shared`` is ``shared_targets``' rows for this batch if already known."""
         cfg = self.cfg
         B = batch.obs.shape[0]
         if cfg.double:
@@ -105,15 +133,9 @@ class DQN(OffPolicy):
             q_all = self.actor.q(torch.cat([batch.obs, batch.next_obs]))
             q_values, next_action = q_all[:B], q_all[B:].detach().argmax(-1, keepdim=True)
         else:
-            q_values = self.actor.q(batch.obs)
+            q_values, next_action = self.actor.q(batch.obs), None
         with torch.no_grad():
-            if next_q_target is None:
-                next_q_target = self.target_q(batch.next_obs)
-            if cfg.double:
-                next_q = next_q_target.gather(-1, next_action).squeeze(-1)
-            else:
-                next_q = next_q_target.amax(-1)
-            target = batch.reward + batch.discount * next_q
+            target = self.td_target(batch, shared, next_action)
         q = q_values.gather(-1, batch.action.long().unsqueeze(-1)).squeeze(-1)
         per_sample = F.smooth_l1_loss(q, target, reduction="none") if cfg.loss == "huber" else (q - target).square()
         # uniform replay's weights are all 1: skipping the product leaves the loss bit for bit the same
@@ -121,6 +143,17 @@ class DQN(OffPolicy):
         yield self.optimizer, loss
         stats = {"q_loss": loss.detach(), "q_mean": q.detach().mean()}
         return stats, ((q.detach() - target).abs() if cfg.prioritized else None)
+
+    def td_target(self, batch, next_q_target, next_action):
+        """``r + discount * Q_target(s', a')``: ``a'`` the online net's choice (``next_action``,
+        double) or the target's max; ``next_q_target`` is the target net's Q of ``next_obs``."""
+        if next_q_target is None:
+            next_q_target = self.target_q(batch.next_obs)
+        if next_action is not None:
+            next_q = next_q_target.gather(-1, next_action).squeeze(-1)
+        else:
+            next_q = next_q_target.amax(-1)
+        return batch.reward + batch.discount * next_q
 
     def update(self, progress):
         out = super().update(progress)

@@ -1,0 +1,229 @@
+"""Distributional DQN: C51 (Bellemare et al. 2017), QR-DQN (Dabney et al. 2018a) and IQN
+(Dabney et al. 2018b), each a DQN whose network returns a distribution per action and
+whose loss compares it with the n-step, discounted target distribution. Double, dueling,
+n-step, prioritized replay and noisy nets are DQN's flags; Rainbow (Hessel et al. 2018) is
+C51 with all of them on (the ``rainbow`` preset).
+
+The math lives in three functions with known-answer tests: ``categorical_projection``
+(C51's target on the fixed support), ``quantile_huber_loss`` (QR-DQN and IQN) and
+``ImplicitQNetwork.embedding`` (IQN's cosine embedding)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from corral.actors.distributional import CategoricalQNetwork, ImplicitQNetwork, QuantileQNetwork
+from corral.algos.dqn import DQN, DQNConfig
+from corral.config import option
+from corral.errors import UserError
+
+
+def categorical_projection(next_probs: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
+                           support: torch.Tensor) -> torch.Tensor:
+    """Project the target distribution ``r + discount * z`` (probabilities ``next_probs``
+    ``[B, K]`` on atoms ``support`` ``[K]``) back onto the support: each shifted atom's
+    mass goes to its two neighbours in proportion to closeness; a target that lands on an
+    atom keeps all its mass there, one beyond either end goes to that end. Mass is
+    conserved: every row of the result sums to the row's input mass.
+
+    ``discount`` is ``gamma^n`` (0 after a termination, so the target is the reward
+    alone; a truncation bootstraps like any other step)."""
+    K = support.shape[0]
+    v_min, v_max = support[0], support[-1]
+    dz = (v_max - v_min) / (K - 1)
+    tz = (reward.unsqueeze(-1) + discount.unsqueeze(-1) * support).clamp(v_min, v_max)
+    b = (tz - v_min) / dz  # fractional atom index in [0, K - 1]
+    lower, upper = b.floor().long(), b.ceil().long()
+    # on an atom, lower == upper: all the mass to it (the weights below would both be 0)
+    w_lower = (upper.to(b.dtype) - b) + (lower == upper).to(b.dtype)
+    w_upper = b - lower.to(b.dtype)
+    out = torch.zeros_like(next_probs)
+    out.scatter_add_(-1, lower, next_probs * w_lower)
+    out.scatter_add_(-1, upper, next_probs * w_upper)
+    return out
+
+
+def quantile_huber_loss(pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float) -> torch.Tensor:
+    """Per-sample quantile Huber loss, ``[B]``: ``sum_i mean_j rho^kappa_{tau_i}(T_j - theta_i)``
+    with ``rho^kappa_tau(u) = |tau - 1{u < 0}| L_kappa(u) / kappa``, ``L_kappa`` the Huber loss
+    (``kappa = 0``: ``|tau - 1{u < 0}| |u|``, plain quantile regression).
+
+    ``pred`` ``[B, N]`` are the predicted quantiles at fractions ``taus`` (``[B, N]`` or
+    ``[N]``), ``target`` ``[B, N']`` the target samples."""
+    u = target.unsqueeze(-2) - pred.unsqueeze(-1)  # [B, N, N']: u_ij = T_j - theta_i
+    if taus.dim() == 1:
+        taus = taus.expand_as(pred)
+    weight = (taus.unsqueeze(-1) - (u.detach() < 0).to(u.dtype)).abs()
+    if kappa == 0:
+        rho = weight * u.abs()
+    else:
+        au = u.abs()
+        huber = torch.where(au <= kappa, 0.5 * u.square(), kappa * (au - 0.5 * kappa))
+        rho = weight * huber / kappa
+    return rho.mean(-1).sum(-1)
+
+
+class DistributionalDQN(DQN):
+    """What the three share: the next action (online net's Q with ``double``, else the
+    target's), the weighted loss, and priorities from the per-sample loss."""
+
+    def next_action(self, next_q_online: torch.Tensor | None, next_q_target: torch.Tensor) -> torch.Tensor:
+        return (next_q_online if self.cfg.double else next_q_target).argmax(-1)
+
+    def finish(self, per_sample: torch.Tensor, batch, q: torch.Tensor):
+        """The step's loss (importance-weighted with PER), its stats, and its priorities: the
+        per-sample distributional loss, as in Rainbow."""
+        cfg = self.cfg
+        loss = (per_sample * batch.weights).mean() if cfg.prioritized else per_sample.mean()
+        return loss, {"q_loss": loss.detach(), "q_mean": q.detach().mean()}, (
+            per_sample.detach() if cfg.prioritized else None)
+
+
+@dataclass
+class C51Config(DQNConfig):
+    n_atoms: int = option(51, "atoms of the categorical return distribution", ge=2)
+    v_min: float = option(-10.0, "lowest atom (returns below it are projected onto it)")
+    v_max: float = option(10.0, "highest atom (returns above it are projected onto it)")
+
+
+class C51(DistributionalDQN):
+    name = "c51"
+    Config = C51Config
+
+    def __init__(self, cfg: C51Config, *args, **kw):
+        if not cfg.v_min < cfg.v_max:
+            raise UserError(f"c51: v_min ({cfg.v_min}) must be below v_max ({cfg.v_max})")
+        super().__init__(cfg, *args, **kw)
+
+    def make_q_network(self):
+        return CategoricalQNetwork(self.obs_space, int(self.act_space.n), self.cfg.n_atoms, self.cfg.v_min,
+                                   self.cfg.v_max, **self.net_kwargs())
+
+    def shared_targets(self, batch):
+        # the target net's next-state logits, once per update (not with noise: it is redrawn every step)
+        return None if self.cfg.noisy else self.target.out(batch.next_obs, norm=self.actor.enc.norm)
+
+    def phases(self, batch, noise, next_logits_target=None):
+        B = batch.obs.shape[0]
+        net = self.actor
+        if self.cfg.double:
+            out = net.out(torch.cat([batch.obs, batch.next_obs]))
+            logits, next_q_online = out[:B], net.expectation(out[B:].detach())
+        else:
+            logits, next_q_online = net.out(batch.obs), None
+        rows = torch.arange(B, device=logits.device)
+        with torch.no_grad():
+            if next_logits_target is None:
+                next_logits_target = self.target.out(batch.next_obs, norm=net.enc.norm)
+            next_probs = next_logits_target.softmax(-1)
+            a = self.next_action(next_q_online, (next_probs * net.support).sum(-1))
+            target = categorical_projection(next_probs[rows, a], batch.reward, batch.discount, net.support)
+        chosen = logits[rows, batch.action.long()]  # [B, K]
+        per_sample = -(target * chosen.log_softmax(-1)).sum(-1)  # cross-entropy
+        loss, stats, td = self.finish(per_sample, batch, (chosen.detach().softmax(-1) * net.support).sum(-1))
+        yield self.optimizer, loss
+        return stats, td
+
+
+@dataclass
+class QRDQNConfig(DQNConfig):
+    n_quantiles: int = option(200, "quantiles per action (sb3-contrib's default)", ge=1)
+    kappa: float = option(1.0, "quantile Huber threshold (0: plain quantile regression loss)", ge=0)
+
+
+class QRDQN(DistributionalDQN):
+    name = "qrdqn"
+    Config = QRDQNConfig
+
+    def __init__(self, cfg: QRDQNConfig, *args, **kw):
+        super().__init__(cfg, *args, **kw)
+        N = cfg.n_quantiles
+        self.taus = (torch.arange(N, device=self.device, dtype=torch.float32) + 0.5) / N  # (2i + 1) / 2N
+
+    def make_q_network(self):
+        return QuantileQNetwork(self.obs_space, int(self.act_space.n), self.cfg.n_quantiles, **self.net_kwargs())
+
+    def shared_targets(self, batch):
+        return None if self.cfg.noisy else self.target.out(batch.next_obs, norm=self.actor.enc.norm)
+
+    def phases(self, batch, noise, next_target=None):
+        B = batch.obs.shape[0]
+        net = self.actor
+        if self.cfg.double:
+            out = net.out(torch.cat([batch.obs, batch.next_obs]))
+            quantiles, next_q_online = out[:B], net.expectation(out[B:].detach())
+        else:
+            quantiles, next_q_online = net.out(batch.obs), None
+        rows = torch.arange(B, device=quantiles.device)
+        with torch.no_grad():
+            if next_target is None:
+                next_target = self.target.out(batch.next_obs, norm=net.enc.norm)
+            a = self.next_action(next_q_online, next_target.mean(-1))
+            target = batch.reward.unsqueeze(-1) + batch.discount.unsqueeze(-1) * next_target[rows, a]
+        chosen = quantiles[rows, batch.action.long()]  # [B, N]
+        per_sample = quantile_huber_loss(chosen, target, self.taus, self.cfg.kappa)
+        loss, stats, td = self.finish(per_sample, batch, chosen.detach().mean(-1))
+        yield self.optimizer, loss
+        return stats, td
+
+
+@dataclass
+class IQNConfig(DQNConfig):
+    n_taus: int = option(64, "N: fractions sampled for the online quantiles of a gradient step", ge=1)
+    n_target_taus: int = option(64, "N': fractions sampled for the target quantiles", ge=1)
+    n_action_taus: int = option(32, "K: fractions a greedy action averages over (acting and next actions)", ge=1)
+    n_cos: int = option(64, "cosine basis functions of the fraction embedding", ge=1)
+    kappa: float = option(1.0, "quantile Huber threshold (0: plain quantile regression loss)", ge=0)
+    risk: Literal["neutral", "cvar"] = option("neutral", "acting distortion: risk-neutral, or CVaR at risk_eta")
+    risk_eta: float = option(1.0, "CVaR level: act on the mean of the lowest eta of the returns", gt=0, le=1)
+
+
+class IQN(DistributionalDQN):
+    name = "iqn"
+    Config = IQNConfig
+
+    def make_q_network(self):
+        cfg = self.cfg
+        eta = cfg.risk_eta if cfg.risk == "cvar" else 1.0
+        return ImplicitQNetwork(self.obs_space, int(self.act_space.n), cfg.n_cos, cfg.n_action_taus, eta,
+                                **self.net_kwargs())
+
+    def shared_targets(self, batch):
+        return None  # the target quantiles depend on each step's sampled fractions
+
+    def greedy(self, obs):
+        # acting samples its K fractions from the run's own stream for them
+        return self.actor.q(obs, generator=self.rng["tau"]).argmax(-1)
+
+    def draw_noise(self, batch_size):
+        noise = super().draw_noise(batch_size)
+        g, dev, cfg = self.rng["tau"], self.device, self.cfg
+        noise["taus"] = torch.rand(batch_size, cfg.n_taus, generator=g, device=dev)
+        noise["target_taus"] = torch.rand(batch_size, cfg.n_target_taus, generator=g, device=dev)
+        noise["action_taus"] = self.actor.acting_taus(batch_size, dev, g)
+        return noise
+
+    def phases(self, batch, noise, shared=None):
+        B = batch.obs.shape[0]
+        net, taus = self.actor, noise["taus"]
+        quantiles = net.quantiles(batch.obs, taus)  # [B, N, A]
+        rows = torch.arange(B, device=quantiles.device)
+        with torch.no_grad():
+            online = net.q(batch.next_obs, taus=noise["action_taus"]) if self.cfg.double else None
+            tnorm = net.enc.norm
+            a = self.next_action(online, self.target.q(batch.next_obs, tnorm, taus=noise["action_taus"]))
+            next_z = self.target.quantiles(batch.next_obs, noise["target_taus"], tnorm)[rows, :, a]  # [B, N']
+            target = batch.reward.unsqueeze(-1) + batch.discount.unsqueeze(-1) * next_z
+        chosen = quantiles[rows, :, batch.action.long()]  # [B, N]
+        per_sample = quantile_huber_loss(chosen, target, taus, self.cfg.kappa)
+        loss, stats, td = self.finish(per_sample, batch, chosen.detach().mean(-1))
+        yield self.optimizer, loss
+        return stats, td
+
+
+# Rainbow is C51 with every flag on; n-step 3 and the PER exponents are the paper's.
+RAINBOW_OVERRIDES = {"double": True, "dueling": True, "prioritized": True, "n_step": 3, "noisy": True,
+                     "per_alpha": 0.5}
