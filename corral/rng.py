@@ -1,5 +1,5 @@
 """One seed spawns independent random streams: envs, action sampling, minibatches,
-replay sampling, exploration noise, network init and each worker."""
+replay sampling, exploration noise, network init, evaluation's own action draws and each worker."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import hashlib
 import numpy as np
 import torch
 
-STREAMS = ("env", "eval_env", "init", "action", "minibatch", "replay", "noise")
+# A stream's seed depends on its index: new streams go at the end.
+# eval_action: evaluation's epsilon-greedy draws (eval.epsilon), a fresh generator per
+# evaluation, so evaluating never moves a training stream.
+STREAMS = ("env", "eval_env", "init", "action", "minibatch", "replay", "noise", "tau", "noisy", "eval_action")
 
 
 class RNGStreams:
