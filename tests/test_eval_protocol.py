@@ -258,3 +258,33 @@ def test_corral_eval_prints_and_writes_the_protocol_next_to_the_score(tmp_path, 
     assert "protocol: atari; mode actions, epsilon 0" in out and "sticky actions 0.25" in out
     assert "episodes capped at 60 steps (240 frames)" in out
     assert "episode 2/2" in err  # a line per finished episode while it evaluates
+
+
+def test_the_progress_bar_shows_evaluation_episodes_as_they_finish(capsys, monkeypatch):
+    from corral.train.hooks import ProgressHook
+
+    shown = []
+    real = ProgressHook.eval_episode
+
+    def spy(self, finished, total, mean, seconds):
+        shown.append((finished, total))
+        real(self, finished, total, mean, seconds)
+
+    monkeypatch.setattr(ProgressHook, "eval_episode", spy)
+    cfg = build_config("ppo", "CartPole-v1", steps=128, overrides={
+        "tensorboard": False, "progress": True, "ppo.n_steps": 64, "ppo.batch_size": 64, "ppo.n_epochs": 1,
+        "eval.episodes": 3, "eval.num_envs": 3})
+    Learner(cfg, None).train()
+    assert shown == [(1, 3), (2, 3), (3, 3)]
+    assert "last eval 3/3 episodes, mean" in capsys.readouterr().err
+
+
+def test_native_evaluation_takes_epsilon_from_the_eval_action_stream():
+    from corral.train.evaluate import evaluate_native
+
+    cfg = build_config("ppo", "native:CartPole-v1", steps=1, device="cpu", overrides=QUIET)
+    learner = Learner(cfg, None, quiet=True)
+    greedy = evaluate_native(learner.algo.actor, "CartPole-v1", episodes=8, seed=1)
+    noisy = evaluate_native(learner.algo.actor, "CartPole-v1", episodes=8, seed=1, epsilon=0.5)
+    again = evaluate_native(learner.algo.actor, "CartPole-v1", episodes=8, seed=1, epsilon=0.5)
+    assert torch.equal(noisy, again) and not torch.equal(noisy, greedy)
