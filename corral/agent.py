@@ -112,9 +112,11 @@ def evaluate(agent: Agent, env: Any = None, episodes: int = 10, seed: int = 0, d
                                 max_episode_steps=max_episode_steps, max_seconds=max_seconds)
     cap = protocol.max_episode_steps if protocol.episode_cap == "eval.max_episode_steps" else None
     if env is None:
-        venv = make_env(agent.cfg, None, agent.algo.device, num_envs=num_envs, evaluation=True, max_episode_steps=cap)
+        venv = make_env(agent.cfg, None, agent.algo.device, num_envs=num_envs, evaluation=True,
+                        max_episode_steps=cap)
     else:
-        venv = make_vec_env(spec, num_envs, {}, agent.algo.device, "sync", atari_wrappers="eval", max_episode_steps=cap)
+        venv = make_vec_env(spec, num_envs, {}, agent.algo.device, "sync", atari_wrappers="eval",
+                            max_episode_steps=cap)
     try:
         out = evaluate_policy(lambda o: agent.algo.act(o, deterministic=protocol.deterministic), venv, episodes,
                               protocol, seed=seed, on_episode=on_episode,

@@ -99,7 +99,8 @@ def _cmd_eval(args) -> int:
     def on_episode(finished: int, total: int, mean: float, seconds: float) -> None:
         print(f"episode {finished}/{total}: running mean {mean:.2f}, {seconds:.1f} s", file=sys.stderr, flush=True)
 
-    result = corral.evaluate(agent, episodes=args.episodes, seed=args.seed, deterministic=False if args.stochastic else None,
+    result = corral.evaluate(agent, episodes=args.episodes, seed=args.seed,
+                             deterministic=False if args.stochastic else None,
                              epsilon=args.epsilon, max_episode_steps=args.max_episode_steps,
                              max_seconds=args.max_seconds, on_episode=None if args.quiet else on_episode)
     if args.json:
