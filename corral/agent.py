@@ -14,7 +14,7 @@ from corral.envs import make_vec_env
 from corral.envs.make import env_name
 from corral.rng import RNGStreams
 from corral.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
-from corral.train.evaluate import run_episodes, summarize
+from corral.train.evaluate import eval_generator, evaluate_policy, resolve_protocol
 from corral.train.learner import Learner
 from corral.train.setup import build_config, make_env, new_run_dir, resolve_device
 
@@ -100,18 +100,28 @@ def load(path: str | Path, device: str = "auto") -> Agent:
     return Agent(algo, cfg, run_dir, state=state)
 
 
-def evaluate(agent: Agent, env: Any = None, episodes: int = 10, seed: int = 0, deterministic: bool = True,
-             num_envs: int = 1) -> dict:
-    """Mean and std of the raw env return over ``episodes`` episodes."""
+def evaluate(agent: Agent, env: Any = None, episodes: int = 10, seed: int = 0, deterministic: bool | None = None,
+             num_envs: int = 1, epsilon: float | None = None, max_episode_steps: int | None = None,
+             max_seconds: float | None = None, on_episode=None) -> dict:
+    """Statistics of the raw env return over ``episodes`` episodes (``corral.train.evaluate.summarize``:
+    mean, std, median, min, max, 95% bootstrap interval) under the run's evaluation protocol,
+    stated in ``out["protocol"]``; the keyword arguments given replace the config's ``eval.*``
+    values. Epsilon draws come from the ``eval_action`` stream of ``seed``."""
     spec = env if env is not None else agent.cfg.env.id
+    protocol = resolve_protocol(agent.cfg, agent.algo, spec, epsilon=epsilon, deterministic=deterministic,
+                                max_episode_steps=max_episode_steps, max_seconds=max_seconds)
+    cap = protocol.max_episode_steps if protocol.episode_cap == "eval.max_episode_steps" else None
     if env is None:
-        venv = make_env(agent.cfg, None, agent.algo.device, num_envs=num_envs, evaluation=True)
+        venv = make_env(agent.cfg, None, agent.algo.device, num_envs=num_envs, evaluation=True,
+                        max_episode_steps=cap)
     else:
-        venv = make_vec_env(spec, num_envs, {}, agent.algo.device, "sync", atari_wrappers="eval")
+        venv = make_vec_env(spec, num_envs, {}, agent.algo.device, "sync", atari_wrappers="eval",
+                            max_episode_steps=cap)
     try:
-        returns = run_episodes(lambda o: agent.algo.act(o, deterministic=deterministic), venv, episodes, seed=seed)
+        out = evaluate_policy(lambda o: agent.algo.act(o, deterministic=protocol.deterministic), venv, episodes,
+                              protocol, seed=seed, on_episode=on_episode,
+                              generator=eval_generator(RNGStreams(seed).seeds["eval_action"], agent.algo.device))
     finally:
         venv.close()
-    out = summarize(returns)
     out["env"] = env_name(spec)
     return out

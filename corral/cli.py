@@ -86,22 +86,44 @@ def _cmd_eval(args) -> int:
     import corral
 
     agent = corral.load(args.path, device=args.device)
+    deterministic = not args.stochastic
     if args.video:
         from corral.envs.video import record_video
 
-        deterministic = not args.stochastic
         videos = record_video(lambda o: agent.algo.act(o, deterministic=deterministic), agent.cfg.env.id,
                               args.video, episodes=args.episodes, kwargs=agent.cfg.env.kwargs, seed=args.seed,
                               device=agent.algo.device)
         for v in videos:
             print(f"wrote {v.path} (return {v.episode_return:.1f}, {v.episode_length} steps)", file=sys.stderr)
-    result = corral.evaluate(agent, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic)
+
+    def on_episode(finished: int, total: int, mean: float, seconds: float) -> None:
+        print(f"episode {finished}/{total}: running mean {mean:.2f}, {seconds:.1f} s", file=sys.stderr, flush=True)
+
+    result = corral.evaluate(agent, episodes=args.episodes, seed=args.seed,
+                             deterministic=False if args.stochastic else None,
+                             epsilon=args.epsilon, max_episode_steps=args.max_episode_steps,
+                             max_seconds=args.max_seconds, on_episode=None if args.quiet else on_episode)
     if args.json:
-        print(json.dumps({k: result[k] for k in ("mean_return", "std_return", "episodes")}))
-    else:
-        print(f"{result['env']}: mean return {result['mean_return']:.2f} ± {result['std_return']:.2f} "
-              f"over {result['episodes']} episodes")
+        print(json.dumps(result))
+        return 0
+    lo, hi = result["ci95_return"]
+    print(f"{result['env']}: mean return {result['mean_return']:.2f} ± {result['std_return']:.2f} "
+          f"over {result['episodes']} episodes (median {result['median_return']:.2f}, min {result['min_return']:.2f}, "
+          f"max {result['max_return']:.2f}, 95% CI of the mean [{lo:.2f}, {hi:.2f}])")
+    print(f"protocol: {_protocol_text(result)}")
     return 0
+
+
+def _protocol_text(result: dict) -> str:
+    from corral.train.evaluate import EvalProtocol
+
+    text = EvalProtocol(**result["protocol"]).describe()
+    if result.get("stopped") == "max_seconds":
+        text += (f"; stopped at the time budget after {result['episodes']} of {result['episodes_requested']} "
+                 "episodes (the statistics are theirs)")
+    if result.get("episodes_at_cap"):
+        text += f"; {result['episodes_at_cap']} episodes reached the cap"
+    return text
 
 
 def _cmd_list(args) -> int:
@@ -192,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--episodes", type=int, default=10)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--stochastic", action="store_true", help="sample actions instead of the mode")
+    e.add_argument("--epsilon", type=float, help="chance of a random action (default: the run's eval.epsilon; "
+                                                 "0.05 for value methods on Atari, else 0)")
+    e.add_argument("--max-episode-steps", type=int, help="episode cap in agent steps (default: eval.max_episode_steps; "
+                                                         "Atari 27,000, else the env's own limit)")
+    e.add_argument("--max-seconds", type=float, help="time budget: report the episodes finished by then")
+    e.add_argument("--quiet", action="store_true", help="no line per finished episode on stderr")
     e.add_argument("--device", default="auto")
     e.add_argument("--video", metavar="DIR", help="also write one MP4 per episode into DIR")
     e.add_argument("--json", action="store_true")

@@ -56,6 +56,9 @@ class EnvConfig:
         "raise", "an env that raises: raise (stop the run) or restart (rebuild it, drop the episode)")
     strict: bool = option(False, "reject out-of-bounds Box actions instead of clipping and counting them")
     atari_wrappers: bool = option(True, "standard Atari preprocessing for ALE ids (evaluation drops episodic life and clipping)")
+    repeat_action_probability: float | None = option(
+        None, "Atari sticky actions: the chance the previous action repeats (None: the game's own, 0.25 in ALE v5)",
+        ge=0, le=1)
 
 
 @dataclass
@@ -64,6 +67,14 @@ class EvalConfig:
     episodes: int = option(10, "episodes per evaluation (0: no evaluation at the end)", ge=0)
     num_envs: int = option(5, "parallel envs for evaluation", ge=1)
     deterministic: bool = option(True, "use the policy's mode rather than sampling")
+    epsilon: float | None = option(
+        None, "act at random with this chance, from the eval_action stream (None: 0.05 for value methods on "
+              "Atari, else 0)", ge=0, le=1)
+    max_episode_steps: int | None = option(
+        None, "end an evaluation episode after this many agent steps (None: Atari's 108,000 frames, "
+              "27,000 steps at frame skip 4; elsewhere the env's own limit)", ge=1)
+    max_seconds: float | None = option(
+        None, "stop an evaluation after this many seconds and report the episodes finished (None: no limit)", gt=0)
     video: bool = option(False, "also show one episode per evaluation as a video in TensorBoard (needs corral[video])")
     stop_at_return: float | None = option(None, "stop training once a periodic evaluation's mean return reaches this")
 

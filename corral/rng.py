@@ -1,6 +1,6 @@
 """One seed spawns independent random streams: envs, action sampling, minibatches,
-replay sampling, exploration noise, network init, IQN's quantile fractions, noisy-net
-weights and each worker."""
+replay sampling, exploration noise, network init, IQN's quantile fractions,
+noisy-net weights, evaluation's own action draws and each worker."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import hashlib
 import numpy as np
 import torch
 
-# New streams go at the end: a stream's seed depends on its index only, so existing runs keep theirs.
-STREAMS = ("env", "eval_env", "init", "action", "minibatch", "replay", "noise", "tau", "noisy")
+# A stream's seed depends on its index: new streams go at the end.
+# eval_action: evaluation's epsilon-greedy draws (eval.epsilon), a fresh generator per
+# evaluation, so evaluating never moves a training stream.
+STREAMS = ("env", "eval_env", "init", "action", "minibatch", "replay", "noise", "tau", "noisy", "eval_action")
 
 
 class RNGStreams:

@@ -88,6 +88,7 @@ def map_record(record: Any, fn) -> Any:
 class Algorithm:
     name: ClassVar[str]
     Config: ClassVar[type]
+    value_method = False  # acts greedily on learned action values (evaluation protocols read it)
     networks: ClassVar[tuple[str, ...]] = ("actor",)
     optimizers: ClassVar[tuple[str, ...]] = ()
     free_params: ClassVar[tuple[str, ...]] = ()

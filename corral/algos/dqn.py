@@ -45,6 +45,7 @@ class DQNConfig(OffPolicyConfig):
 class DQN(OffPolicy):
     name = "dqn"
     Config = DQNConfig
+    value_method = True
     networks = ("actor", "target")
     optimizers = ("optimizer",)
 

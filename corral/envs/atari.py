@@ -5,8 +5,9 @@ Inner to outer: the ALE env (``frameskip=1``; sticky actions as ALE v5 sets them
 two frames, 84x84 gray), :class:`RawEpisodeStats` (the raw game score of the
 whole game, reported to the vector env), :class:`EpisodicLife` (training: a lost life
 reads as ``terminated``, the game goes on), :class:`FireReset` (games that wait for
-FIRE), reward clipping to [-1, 1] (training), and a stack of the last 4 frames:
-observations are uint8 ``[4, 84, 84]``.
+FIRE, after a reset and after a lost life), reward clipping to [-1, 1] (training), and a
+stack of the last 4 frames: observations are uint8 ``[4, 84, 84]``. Episodes end at ALE's
+cap, 108,000 frames (27,000 agent steps), unless ``max_episode_steps`` sets another.
 
 Because the score is taken below clipping and episodic life, ``info["episode_return"]``
 is the game score whatever the agent trains on, and an episode is the whole game.
@@ -54,7 +55,11 @@ class AtariOptions:
     clip_rewards: bool = True
     """rewards clipped to [-1, 1] for training; the reported return stays the raw score"""
     fire_reset: bool = True
-    """press FIRE after a reset in games whose action set has it (Breakout waits for it)"""
+    """press FIRE after a reset, and after a lost life that does not end the episode (no
+    episodic life: evaluation), in games whose action set has it (Breakout waits for it)"""
+    max_episode_steps: int | None = None
+    """end an episode (truncated) after this many agent steps, i.e. ``max_episode_steps *
+    frame_skip`` frames (ALE's ``max_num_frames_per_episode``); None: ALE's own, 108,000 frames"""
 
 
 def atari_options(value: Any) -> AtariOptions | None:
@@ -166,7 +171,14 @@ class EpisodicLife(gym.Wrapper):
 
 
 class FireReset(gym.Wrapper):
-    """Press FIRE (then action 2) after each reset, for games that wait for it."""
+    """Press FIRE (then action 2) after each reset, for games that wait for it, and FIRE
+    after a lost life that does not end the episode. With episodic life underneath (training)
+    a lost life already ends the episode, and the reset after it fires; without (evaluation),
+    Breakout would otherwise wait for FIRE until the episode cap if the policy never presses it."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives = 0
 
     def reset(self, **kwargs):
         self.env.reset(**kwargs)
@@ -176,7 +188,18 @@ class FireReset(gym.Wrapper):
         obs, _, terminated, truncated, info = self.env.step(2)
         if terminated or truncated:
             obs, info = self.env.reset()
+        self.lives = self.env.unwrapped.ale.lives()
         return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = self.env.unwrapped.ale.lives()
+        if lives < self.lives and not (terminated or truncated):
+            obs, fire_reward, terminated, truncated, info = self.env.step(1)
+            reward += fire_reward
+            lives = self.env.unwrapped.ale.lives()
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
 
 
 def needs_fire(env: gym.Env) -> bool:
@@ -214,4 +237,6 @@ def make_atari(env_id: str, kwargs: dict | None = None, options: AtariOptions | 
     o = dataclasses.replace(options or AtariOptions())
     if "frameskip" in kwargs:
         o.frame_skip = int(kwargs.pop("frameskip"))
+    if o.max_episode_steps is not None:
+        kwargs["max_num_frames_per_episode"] = int(o.max_episode_steps) * o.frame_skip
     return wrap_atari(gym.make(env_id, frameskip=1, **kwargs), o)

@@ -112,6 +112,8 @@ class _GymMake:
     """``gym.make`` of the id's lean spec (see :func:`lean_spec`) with ``kwargs``, and the
     Atari preprocessing for ALE ids. Picklable, so a worker process builds its envs from it."""
 
+    max_episode_steps: int | None = None  # a cap below the id's own (gym.make's argument); Atari's is in ``atari``
+
     def __init__(self, make_id: str, env_id: str, kwargs: dict, atari: Any = None):
         self.make_id, self.env_id, self.kwargs, self.atari = make_id, env_id, kwargs, atari
 
@@ -125,6 +127,8 @@ class _GymMake:
                 from corral.envs.atari import make_atari
 
                 return make_atari(self.make_id, self.kwargs, self.atari)
+            if self.max_episode_steps is not None:
+                return gym.make(lean_spec(self.make_id), max_episode_steps=self.max_episode_steps, **self.kwargs)
             return gym.make(lean_spec(self.make_id), **self.kwargs)
         except gym.error.DependencyNotInstalled as e:
             raise UserError(
@@ -142,6 +146,17 @@ class _Call:
 
     def __call__(self) -> gym.Env:
         return self.fn(**self.kwargs)
+
+
+class _TimeLimited:
+    """Another factory's env under ``gymnasium.wrappers.TimeLimit`` (an episode cap for envs
+    that are not made from an id)."""
+
+    def __init__(self, factory: EnvFactory, max_episode_steps: int):
+        self.factory, self.max_episode_steps = factory, max_episode_steps
+
+    def __call__(self) -> gym.Env:
+        return gym.wrappers.TimeLimit(self.factory(), self.max_episode_steps)
 
 
 class _Copy:
@@ -173,7 +188,15 @@ class _FromSpec:
         return self._obj(**self.kwargs)
 
 
-def _gym_factory(env_id: str, kwargs: dict, atari_wrappers: Any = True) -> EnvFactory:
+def _names_attr(spec: str) -> bool:
+    """``module:callable`` or ``file.py:Name`` (not Gymnasium's ``module:EnvId``)."""
+    if ":" not in spec or spec.startswith("native:"):
+        return False
+    return spec.rpartition(":")[0].endswith(".py") or not _is_gym_namespace_id(spec)
+
+
+def _gym_factory(env_id: str, kwargs: dict, atari_wrappers: Any = True,
+                 max_episode_steps: int | None = None) -> EnvFactory:
     make_id = env_id
     if env_id not in gym.registry:
         # Atari and other plugin families register on import.
@@ -196,15 +219,28 @@ def _gym_factory(env_id: str, kwargs: dict, atari_wrappers: Any = True) -> EnvFa
 
     if is_ale_id(env_id):
         atari = atari_options(atari_wrappers)
-    return _GymMake(make_id, env_id, kwargs, atari)
+        if atari is not None and max_episode_steps is not None:
+            # ALE's own frame cap, below the wrapper that reports the game's score
+            atari = dataclasses.replace(atari, max_episode_steps=max_episode_steps)
+            max_episode_steps = None
+    factory = _GymMake(make_id, env_id, kwargs, atari)
+    factory.max_episode_steps = max_episode_steps
+    return factory
 
 
-def make_factory(spec: Any, kwargs: dict | None = None, atari_wrappers: Any = True) -> EnvFactory:
+def make_factory(spec: Any, kwargs: dict | None = None, atari_wrappers: Any = True,
+                 max_episode_steps: int | None = None) -> EnvFactory:
     """Return a zero-argument callable building one fresh env for ``spec``.
 
     String specs give picklable factories that resolve the spec again where they are
     called, so worker processes build their own envs. ``atari_wrappers`` applies to ALE
-    ids (see :func:`corral.envs.atari.atari_options`)."""
+    ids (see :func:`corral.envs.atari.atari_options`). ``max_episode_steps`` truncates
+    episodes after that many steps: ``gym.make``'s cap for an id (in place of its own),
+    ALE's frame cap (``max_episode_steps * frame_skip`` frames) for a preprocessed Atari
+    game, a ``TimeLimit`` around anything else."""
+    if max_episode_steps is not None and not (isinstance(spec, str) and spec not in _REGISTRY
+                                              and not _names_attr(spec)):
+        return _TimeLimited(make_factory(spec, kwargs, atari_wrappers), max_episode_steps)
     kwargs = dict(kwargs or {})
     if isinstance(spec, gym.Env):
         if kwargs:
@@ -227,10 +263,10 @@ def make_factory(spec: Any, kwargs: dict | None = None, atari_wrappers: Any = Tr
             elif not callable(obj):
                 raise UserError(f"env {spec!r} names {type(obj).__name__}, which is not callable")
             return _FromSpec(spec, kwargs)
-        factory = _gym_factory(spec.rpartition(":")[2], kwargs, atari_wrappers)
+        factory = _gym_factory(spec.rpartition(":")[2], kwargs, atari_wrappers, max_episode_steps)
         factory.make_id = spec  # gym.make imports the module itself
         return factory
-    return _gym_factory(spec, kwargs, atari_wrappers)
+    return _gym_factory(spec, kwargs, atari_wrappers, max_episode_steps)
 
 
 def _is_gym_namespace_id(spec: str) -> bool:

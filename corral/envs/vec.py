@@ -35,6 +35,7 @@ def make_vec_env(
     max_restarts: int = 100,
     num_workers: int | None = None,
     check_finite: bool = True,
+    max_episode_steps: int | None = None,
 ) -> HostVecEnv:
     """Build N envs for ``spec`` on ``backend``; the one entry point every caller uses.
 
@@ -53,6 +54,9 @@ def make_vec_env(
     ``strict``: reject out-of-bounds Box actions (default: clip them and count them in
     ``env.out_of_bounds_actions``). ``on_error``: ``"raise"`` or ``"restart"`` an env that
     raises (at most ``max_restarts`` times per env; counted in ``env.restarts``).
+
+    ``max_episode_steps``: truncate episodes after this many agent steps (None: the env's own
+    limit; Atari's is 108,000 frames). Native envs keep their built-in limit and refuse one.
     """
     if num_envs < 1:
         raise UserError(f"env.num_envs must be >= 1, got {num_envs}")
@@ -60,13 +64,18 @@ def make_vec_env(
         raise UserError(f"on_error must be 'raise' or 'restart', got {on_error!r}")
     name = env_name(spec)
     if isinstance(spec, str) and (spec.startswith("native:") or backend == "native"):
+        if max_episode_steps is not None:
+            raise UserError(f"env {name!r}: native envs keep their built-in episode limit; an episode cap "
+                            f"({max_episode_steps} steps) is not applied to them: leave it unset (None)")
         return make_native(spec, num_envs, device=device)
     if backend == "envpool":
+        if max_episode_steps is not None:  # EnvPool's own option, in agent steps
+            kwargs = {**(kwargs or {}), "max_episode_steps": int(max_episode_steps)}
         return EnvPoolVecEnv(spec, num_envs, kwargs, device=device, atari_wrappers=atari_wrappers, strict=strict,
                              check_finite=check_finite)
     if backend not in ("sync", "subproc"):
         raise UserError(f"unknown env backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
-    factory = make_factory(spec, kwargs, atari_wrappers=atari_wrappers)
+    factory = make_factory(spec, kwargs, atari_wrappers=atari_wrappers, max_episode_steps=max_episode_steps)
     if backend == "subproc":
         return SubprocVecEnv(factory, num_envs, env_id=name, device=device, num_workers=num_workers, strict=strict,
                              on_error=on_error, max_restarts=max_restarts, check_finite=check_finite)

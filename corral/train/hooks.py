@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from typing import TYPE_CHECKING
 
-from corral.train.evaluate import run_episodes, summarize
+from corral.train.evaluate import eval_generator, evaluate_policy, resolve_protocol
 from corral.train.setup import make_env
 
 if TYPE_CHECKING:
@@ -74,8 +75,11 @@ class MetricsHook:
 
 
 class EvalHook:
-    """Deterministic evaluation on separate envs every ``eval.every`` steps and at the end;
-    the best one is checkpointed as ``best.pt``."""
+    """Evaluation on separate envs every ``eval.every`` steps and at the end, under the run's
+    protocol (``resolve_protocol``: the policy's mode, epsilon from the ``eval_action`` stream,
+    the episode cap, the time budget); the best one is checkpointed as ``best.pt`` and the last
+    written to ``eval.json``. ``progress`` (a :class:`ProgressHook`, set by the Learner) shows
+    each evaluation's episodes as they finish."""
 
     def __init__(self, learner: "Learner", metrics: MetricsHook):
         ec = learner.cfg.eval
@@ -84,6 +88,8 @@ class EvalHook:
         self.metrics = metrics
         self.env = None
         self.last_step = -1  # env steps at the last evaluation
+        self.progress: ProgressHook | None = None
+        self.protocol = resolve_protocol(learner.cfg, learner.algo, learner.env_spec)
 
     def evaluate(self, learner: "Learner") -> dict:
         ec = learner.cfg.eval
@@ -91,15 +97,25 @@ class EvalHook:
         if self.env is None:
             self.env = make_env(learner.cfg, learner.env_spec, learner.device, num_envs=ec.num_envs, evaluation=True)
         learner.algo.actor.eval()
+        on_episode = None
+        if self.progress is not None:
+            self.progress.eval_start(ec.episodes)
+            on_episode = self.progress.eval_episode
         try:
-            returns = run_episodes(lambda o: learner.algo.act(o, deterministic=ec.deterministic), self.env,
-                                   ec.episodes, seed=learner.rng.env_seed("eval_env"))
+            result = evaluate_policy(lambda o: learner.algo.act(o, deterministic=self.protocol.deterministic),
+                                     self.env, ec.episodes, self.protocol, seed=learner.rng.env_seed("eval_env"),
+                                     generator=eval_generator(learner.rng.seeds["eval_action"], learner.device),
+                                     on_episode=on_episode)
         finally:
             learner.algo.actor.train()
-        result = summarize(returns)
+            if self.progress is not None:
+                self.progress.eval_done()
+        result["step"] = learner.env_steps
+        self.note_limits(learner, result)
         if ec.video and self.metrics.tb is not None:
             self.log_video(learner)
-        self.metrics.write(learner, {"eval_return": result["mean_return"], "eval_return_std": result["std_return"]})
+        self.metrics.write(learner, {"eval_return": result["mean_return"], "eval_return_std": result["std_return"],
+                                     "eval_episodes": result["episodes"], "eval_seconds": result["seconds"]})
         learner.last_eval = result
         # training time up to this update without the evaluations (benchmarks: time to a return)
         learner.eval_history.append({"step": learner.env_steps, "eval_return": result["mean_return"],
@@ -111,6 +127,27 @@ class EvalHook:
             if learner.run_dir:
                 learner.save(learner.run_dir / "checkpoints" / "best.pt", replay=False)  # for acting, not resuming
         return result
+
+    def note_limits(self, learner: Learner, result: dict) -> None:
+        """Say so when the time budget ended an evaluation or episodes ran into the cap (a
+        policy stuck in a game that waits for it runs every episode to the cap)."""
+        notes = []
+        if result["stopped"] == "max_seconds":
+            notes.append(f"evaluation at step {learner.env_steps:,} stopped at eval.max_seconds="
+                         f"{self.protocol.max_seconds:g}: {result['episodes']} of {result['episodes_requested']} "
+                         "episodes finished, the result is theirs")
+        # an env's own limit is no sign of trouble (CartPole's 500 steps is the best outcome)
+        if result["episodes_at_cap"] and self.protocol.episode_cap != "env":
+            notes.append(f"{result['episodes_at_cap']} of {result['episodes']} evaluation episodes reached the "
+                         f"{result['protocol']['max_episode_steps']:,}-step cap (eval.max_episode_steps) after "
+                         f"{result['seconds']:.0f} s")
+        if not notes or learner.quiet:
+            return
+        for text in notes:
+            if self.progress is not None:
+                self.progress.progress.console.print(f"note: {text}")
+            else:
+                print(f"corral: note: {text}", file=sys.stderr)
 
     def log_video(self, learner: "Learner") -> None:
         """One deterministic episode (the first eval episode's seed) as ``eval/video`` in TensorBoard."""
@@ -140,7 +177,9 @@ class EvalHook:
 
     def close(self, learner: "Learner") -> None:
         if learner.cfg.eval.episodes > 0 and not learner.failed:
-            self.evaluate(learner)
+            result = self.evaluate(learner)
+            if learner.run_dir:
+                (learner.run_dir / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
         if self.env is not None:
             self.env.close()
 
@@ -186,11 +225,26 @@ class ProgressHook:
             console=Console(stderr=True),
             transient=False,
         )
-        self.task = self.progress.add_task(f"{learner.cfg.algo} {learner.cfg.env.id}", total=learner.cfg.steps,
+        self.name = f"{learner.cfg.algo} {learner.cfg.env.id}"
+        self.task = self.progress.add_task(self.name, total=learner.cfg.steps,
                                            completed=learner.env_steps, sps=0.0, ret="-")
         self.progress.start()
         self.t0, self.s0 = time.perf_counter(), learner.env_steps
         self.last = 0.0
+        self.last_eval = ""
+
+    def eval_start(self, total: int) -> None:
+        self.last_eval = f"evaluating: 0/{total} episodes"
+        self.progress.update(self.task, description=f"{self.name} | {self.last_eval}")
+
+    def eval_episode(self, finished: int, total: int, mean: float, seconds: float) -> None:
+        """An evaluation episode finished: its count, running mean and elapsed time on the bar."""
+        self.last_eval = f"eval {finished}/{total} episodes, mean {mean:.1f}, {seconds:.0f} s"
+        self.progress.update(self.task, description=f"{self.name} | {self.last_eval}")
+
+    def eval_done(self) -> None:
+        text = f" | last {self.last_eval}" if self.last_eval else ""
+        self.progress.update(self.task, description=self.name + text)
 
     def __call__(self, learner: "Learner", stats: dict) -> None:
         now = time.perf_counter()

@@ -189,7 +189,8 @@ class Learner:
         evaluator = EvalHook(self, metrics)
         hooks.append(evaluator)
         if cfg.progress and not self.quiet:
-            hooks.insert(0, ProgressHook(self))
+            evaluator.progress = ProgressHook(self)
+            hooks.insert(0, evaluator.progress)
         hooks += user_hooks
         self.stop = False
         start = time.perf_counter() - self.train_seconds
@@ -240,6 +241,7 @@ class Learner:
         if self.last_eval:
             summary["eval_return"] = self.last_eval["mean_return"]
             summary["eval_return_std"] = self.last_eval["std_return"]
+            summary["eval"] = self.last_eval  # every statistic, with the protocol
         return summary
 
     # --- state

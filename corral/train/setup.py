@@ -23,12 +23,33 @@ PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 
 def make_env(cfg: C.TrainConfig, spec: Any = None, device: Any = "cpu", num_envs: int | None = None,
-             evaluation: bool = False):
-    """The run's vector env from its config (evaluation: no episodic life, no reward clipping)."""
+             evaluation: bool = False, max_episode_steps: int | None = None):
+    """The run's vector env from its config (evaluation: no episodic life, no reward clipping,
+    episodes cut at ``max_episode_steps``, default ``eval.max_episode_steps``)."""
     ec = cfg.env
+    spec = spec if spec is not None else ec.id
     atari = ("eval" if evaluation else True) if ec.atari_wrappers else False
-    return make_vec_env(spec if spec is not None else ec.id, num_envs or ec.num_envs, ec.kwargs, device, ec.backend,
-                        atari_wrappers=atari, strict=ec.strict, on_error=ec.on_error)
+    cap = (max_episode_steps or cfg.eval.max_episode_steps) if evaluation else None
+    return make_vec_env(spec, num_envs or ec.num_envs, env_kwargs(cfg, spec), device, ec.backend,
+                        atari_wrappers=atari, strict=ec.strict, on_error=ec.on_error, max_episode_steps=cap)
+
+
+def env_kwargs(cfg: C.TrainConfig, spec: Any = None) -> dict:
+    """``env.kwargs`` with the options that become env arguments (``env.repeat_action_probability``)."""
+    ec = cfg.env
+    kwargs = dict(ec.kwargs)
+    sticky = ec.repeat_action_probability
+    if sticky is not None:
+        spec = spec if spec is not None else ec.id
+        if not (isinstance(spec, str) and _is_atari(spec)):
+            raise UserError(f"env.repeat_action_probability (sticky actions) is an Atari option; {env_name(spec)!r} "
+                            "is not an ALE game: leave it unset")
+        given = kwargs.get("repeat_action_probability")
+        if given is not None and float(given) != sticky:
+            raise UserError(f"env.repeat_action_probability={sticky:g} and env.kwargs.repeat_action_probability="
+                            f"{given} disagree; set one of them")
+        kwargs["repeat_action_probability"] = sticky
+    return kwargs
 
 
 def resolve_device(name: str) -> torch.device:
