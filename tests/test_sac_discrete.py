@@ -38,7 +38,7 @@ def test_the_critic_target_is_the_soft_value_of_the_next_state_under_the_policy(
     log_pi = torch.tensor([[0.25, 0.75], [0.5, 0.5]]).log()
     next_q = torch.tensor([[1.0, 2.0], [4.0, 0.0]])
     reward, discount = torch.tensor([1.0, -1.0]), torch.tensor([0.9, 0.0])  # the second terminated
-    target = SACDiscrete.soft_target(None, log_pi, next_q, reward, discount, torch.tensor(0.5))
+    target = SACDiscrete.soft_target(log_pi, next_q, reward, discount, torch.tensor(0.5))
     v0 = 0.25 * (1.0 - 0.5 * math.log(0.25)) + 0.75 * (2.0 - 0.5 * math.log(0.75))  # = 2.031168
     torch.testing.assert_close(target, torch.tensor([1.0 + 0.9 * v0, -1.0]))
     assert target[0].item() == pytest.approx(2.828051, abs=1e-6)

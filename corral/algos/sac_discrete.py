@@ -69,7 +69,8 @@ class SACDiscrete(SAC):
     def draw_noise(self, batch_size):
         return {}  # every expectation over actions is a sum: a gradient step draws nothing
 
-    def soft_target(self, next_log_probs: torch.Tensor, next_q: torch.Tensor, reward: torch.Tensor,
+    @staticmethod
+    def soft_target(next_log_probs: torch.Tensor, next_q: torch.Tensor, reward: torch.Tensor,
                     discount: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         """``r + discount * sum_a pi(a|s') [Q(s', a) - alpha log pi(a|s')]``; ``next_q``: the
         min over the target critics, ``[B, actions]``."""
