@@ -245,11 +245,11 @@ def test_on_pixels_the_actor_and_the_critics_each_train_their_own_cnn(env):
 
 
 def test_sac_discrete_learns_to_read_the_pixels():
-    agent = corral.train("sac_discrete", PixelQuarter, steps=1500, seed=0, save_run=False,
-                         **{**QUIET, "sac_discrete.hidden": [64], "sac_discrete.batch_size": 64,
+    agent = corral.train("sac_discrete", PixelQuarter, steps=600, seed=0, save_run=False,
+                         **{**QUIET, "sac_discrete.hidden": [64], "sac_discrete.batch_size": 32,
                             "sac_discrete.learning_starts": 200, "sac_discrete.lr": 1e-3})
     ret = corral.evaluate(agent, PixelQuarter, episodes=100, seed=1)["mean_return"]
-    assert ret >= 0.8, ret  # a constant action scores 0.25
+    assert ret >= 0.8, ret  # a constant action scores 0.25 (seeds 0 and 1 score 1.0)
 
 
 # ---------------------------------------------------------------------------
@@ -364,6 +364,31 @@ def test_sync_gradient_workers_give_the_single_process_updates():
     torch.testing.assert_close(sharded.replay.priorities, plain.replay.priorities, rtol=2e-5, atol=2e-6)
     moved = [not torch.equal(x, y) for x, y in zip(plain.synced_tensors(), twin(L, type(L.algo)).synced_tensors())]
     assert any(moved)
+
+
+def test_two_ray_gradient_workers_train_like_one_process():
+    pytest.importorskip("ray")
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    over = {**QUIET, "sac_discrete.hidden": [32, 32], "sac_discrete.learning_starts": 200,
+            "sac_discrete.batch_size": 64}
+    runs, init = [], None
+    for workers in (1, 2):
+        cfg = build_config("sac_discrete", "CartPole-v1", steps=400, seed=3,
+                           overrides={**over, "scheme.grad_workers": workers})
+        L = Learner(cfg, None, env_spec="CartPole-v1", quiet=True)
+        init = init or [t.clone() for t in L.algo.synced_tensors()]
+        assert L.train()["env_steps"] == 400
+        runs.append(L.algo)
+    plain, sharded = runs
+    # the preset trains every 4 steps, 4 gradient steps each: 51 updates from step 200 to 400
+    assert isinstance(sharded, ShardedOffPolicy) and plain.grad_steps == sharded.grad_steps == 204
+    # float rounding apart (training amplifies it a little), far less than the parameters moved
+    moved = max((p - i).abs().max().item() for p, i in zip(plain.synced_tensors(), init))
+    apart = max((p - s).abs().max().item() for p, s in zip(plain.synced_tensors(), sharded.synced_tensors()))
+    assert moved > 0.02 and apart < 0.01 * moved, (moved, apart)
 
 
 def test_a_gradient_worker_builds_networks_and_optimizers_only():
