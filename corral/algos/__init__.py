@@ -15,6 +15,7 @@ from corral.algos.mdqn import MunchausenDQN
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
 from corral.algos.sac import SAC, SACConfig
+from corral.algos.sac_discrete import SACDiscrete, SACDiscreteConfig
 from corral.algos.td3 import DDPG_OVERRIDES, TD3, TD3Config
 from corral.errors import UserError
 
@@ -45,6 +46,8 @@ ALGOS: dict[str, AlgoSpec] = {
     "ddpg": AlgoSpec(TD3, DDPG_OVERRIDES, "DDPG (continuous)"),
     "td3": AlgoSpec(TD3, help="Twin Delayed DDPG (continuous)"),
     "sac": AlgoSpec(SAC, help="Soft Actor-Critic with automatic entropy tuning (continuous)"),
+    "sac_discrete": AlgoSpec(SACDiscrete, help="Soft Actor-Critic for discrete actions: categorical policy, "
+                             "exact expectations over actions, twin Q(s, .) critics"),
     "impala": AlgoSpec(IMPALA, help="IMPALA: actor-critic with V-trace correction (asynchronous collectors)"),
     "appo": AlgoSpec(IMPALA, {"surrogate": True, "n_epochs": 4}, "APPO: IMPALA with PPO's clipped surrogate"),
     "apex_dqn": AlgoSpec(ApexDQN, help="Ape-X DQN: distributed prioritized replay, epsilon ladder (discrete)"),
@@ -67,5 +70,5 @@ def get_algo(name: str) -> AlgoSpec:
         raise UserError(f"unknown algorithm {name!r}{hint}") from None
 
 
-__all__ = ["ALGOS", "AlgoSpec", "Algorithm", "DQN", "DQNConfig", "PPO", "PPOConfig", "SAC", "SACConfig", "TD3",
-           "TD3Config", "get_algo", "register_algo"]
+__all__ = ["ALGOS", "AlgoSpec", "Algorithm", "DQN", "DQNConfig", "PPO", "PPOConfig", "SAC", "SACConfig", "SACDiscrete",
+           "SACDiscreteConfig", "TD3", "TD3Config", "get_algo", "register_algo"]

@@ -37,8 +37,7 @@ class SAC(ActorCriticOffPolicy):
     free_params = ("log_alpha",)
 
     def __init__(self, cfg: SACConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
-        if not isinstance(act_space, gym.spaces.Box):
-            raise UserError(f"sac needs a Box action space, got {act_space}; use dqn or ppo for Discrete")
+        self.check_action_space(act_space)
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
         self.actor, self.critics = self._build(self.make_networks)
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
@@ -49,7 +48,16 @@ class SAC(ActorCriticOffPolicy):
         self.log_alpha = torch.tensor(math.log(init), device=device, requires_grad=self.auto_alpha)
         self.alpha_opt = (FlatAdam([self.log_alpha], lr=cfg.actor_lr or cfg.lr)
                           if self.auto_alpha and self.learns else None)
-        self.target_entropy = float(cfg.target_entropy if cfg.target_entropy is not None else -self.actor.box.dim)
+        self.target_entropy = float(cfg.target_entropy if cfg.target_entropy is not None
+                                    else self.default_target_entropy())
+
+    @staticmethod
+    def check_action_space(act_space) -> None:
+        if not isinstance(act_space, gym.spaces.Box):
+            raise UserError(f"sac needs a Box action space, got {act_space}; use sac_discrete, dqn or ppo for Discrete")
+
+    def default_target_entropy(self) -> float:
+        return -self.actor.box.dim
 
     def make_actor(self) -> torch.nn.Module:
         cfg = self.cfg
