@@ -1,6 +1,6 @@
-"""corral vs Stable-Baselines3 on the rl-zoo off-policy presets, in one process.
+"""corral vs Stable-Baselines3 (and sb3-contrib) on the rl-zoo off-policy presets, in one process.
 
-DQN on CartPole-v1 (50k steps) and SAC on Pendulum-v1 (20k steps) with the same
+DQN and QR-DQN on CartPole-v1 (50k steps) and SAC on Pendulum-v1 (20k steps) with the same
 hyperparameters, the same Gymnasium env and seed, one torch thread each. Reports the
 training time (first env step to the end; construction excluded) as wall-clock and as
 process CPU time (steadier on a shared machine), the deterministic eval return of the
@@ -9,6 +9,7 @@ corral and reports medians.
 
     pip install 'corral[bench]'
     python benchmarks/bench_offpolicy.py --algos dqn sac --seeds 0 --rounds 2
+    python benchmarks/bench_offpolicy.py --algos qrdqn --seeds 0 1 2   # vs sb3-contrib's QR-DQN
 
 ``--per-step`` times one gradient step instead of whole runs, after filling both
 libraries' buffers the same way: corral's ``update()``, SB3's ``model.train()``,
@@ -36,6 +37,11 @@ PRESETS = {
                                         gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
                                         exploration_fraction=0.16, exploration_final_eps=0.04,
                                         policy_kwargs=dict(net_arch=[256, 256]))),
+    # sb3-contrib's QR-DQN at rl-zoo's qrdqn.yml CartPole entry
+    "qrdqn": ("CartPole-v1", 50_000, dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+                                          learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256,
+                                          gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
+                                          policy_kwargs=dict(net_arch=[256, 256], n_quantiles=10))),
     "sac": ("Pendulum-v1", 20_000, dict(learning_rate=1e-3)),
     "td3": ("Pendulum-v1", 20_000, dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, learning_rate=1e-3,
                                         policy_kwargs=dict(net_arch=[400, 300]))),
@@ -83,7 +89,10 @@ def run_sb3(algo, seed):
     kwargs = dict(kwargs)
     if algo == "td3":
         kwargs["action_noise"] = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
-    cls = {"dqn": sb3.DQN, "sac": sb3.SAC, "td3": sb3.TD3}[algo]
+    if algo == "qrdqn":
+        from sb3_contrib import QRDQN as cls
+    else:
+        cls = {"dqn": sb3.DQN, "sac": sb3.SAC, "td3": sb3.TD3}[algo]
     model = cls("MlpPolicy", env_id, seed=seed, device="cpu", verbose=0, **kwargs)
     t0, cpu = time.perf_counter(), time.process_time()
     model.learn(steps)
