@@ -75,7 +75,17 @@ def _cmd_resume(args) -> int:
     if state["counters"]["env_steps"] >= cfg.steps:
         raise UserError(f"the run already has {state['counters']['env_steps']:,} steps; pass --steps with a larger total")
     learner = Learner(cfg, run_dir)
-    learner.load_state_dict(state)
+    try:
+        learner.load_state_dict(state)
+    except (KeyError, RuntimeError, ValueError) as e:
+        from corral.envs.spaces import layout_of
+
+        layout = layout_of(learner.algo.obs_space) or []
+        hint = ("; runs saved before integer parts of Dict / Tuple observations were stored compactly "
+                "cannot be resumed (corral.load and corral eval still act with them)") if any(p.nvec for p in layout) else ""
+        learner.env.close()
+        raise UserError(f"checkpoint {str(ckpt)!r} does not match its config "
+                        f"({type(e).__name__}: {str(e).splitlines()[0][:300]}){hint}") from None
     from corral import config as C
 
     (run_dir / "config.yaml").write_text(C.dump_yaml(cfg))

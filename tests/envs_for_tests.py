@@ -213,3 +213,66 @@ class DiscretePartEnv(gym.Env):
     def step(self, action):
         self.t += 1
         return self._obs(), 1.0, False, self.t >= 10, {}
+
+
+class DictIdentityEnv(gym.Env):
+    """The identity task inside a Dict: ``cell`` is a random element of Discrete(8, start=3)
+    beside a ``noise`` vector; the action space is Discrete(4) and the reward is 1 when the
+    action is ``(cell - 3) % 4``; 100 steps per episode (truncated). The best policy scores
+    100; one that cannot tell the cells apart about 25."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict({"cell": gym.spaces.Discrete(8, start=3),
+                                                  "noise": gym.spaces.Box(-1, 1, (2,), np.float32)})
+        self.action_space = gym.spaces.Discrete(4)
+        self.t = 0
+
+    def _obs(self):
+        self.cell = int(3 + self.np_random.integers(8))
+        return {"cell": self.cell, "noise": self.np_random.uniform(-1, 1, 2).astype(np.float32)}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == (self.cell - 3) % 4)
+        self.t += 1
+        return self._obs(), reward, False, self.t >= 100, {}
+
+
+class BigCellEnv(gym.Env):
+    """A Dict with a Discrete(500) part (Taxi's state count) beside a 2-vector; nothing to learn."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict({"cell": gym.spaces.Discrete(500),
+                                                  "vec": gym.spaces.Box(-1, 1, (2,), np.float32)})
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.observation_space.seed(seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+class DictCellTarget(gym.Env):
+    """One-step episodes for continuous actions: ``cell`` (Discrete(4)) names a target in
+    [-1, 1] beside a ``vec`` part; reward -|action - target|."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict({"cell": gym.spaces.Discrete(4),
+                                                  "vec": gym.spaces.Box(-1, 1, (2,), np.float32)})
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cell = int(self.np_random.integers(4))
+        return {"cell": self.cell, "vec": np.zeros(2, np.float32)}, {}
+
+    def step(self, action):
+        r = -abs(float(action[0]) - (self.cell / 3 * 2 - 1))
+        return {"cell": self.cell, "vec": np.zeros(2, np.float32)}, r, True, False, {}

@@ -55,9 +55,10 @@ def test_dict_observations_arrive_flat_with_a_layout():
     obs = env.reset(seed=0)
     layout = layout_of(env.single_observation_space)
     assert [p.key for p in layout] == ["action_mask", "noise", "target"]  # gymnasium's Dict sorts keys
-    assert obs.shape == (2, 5 + 3 + 5) and obs.dtype == torch.float32
-    target = obs[:, 8:13]
-    assert torch.equal(target.sum(1), torch.ones(2))  # one-hot Discrete part
+    assert obs.shape == (2, 5 + 3 + 1) and obs.dtype == torch.float32
+    target = next(p for p in layout if p.key == "target")
+    assert (target.start, target.stop, target.nvec) == (8, 9, (5,))  # one slot holding the integer
+    assert torch.equal(obs[:, 8], obs[:, 8].round()) and bool(((obs[:, 8] >= 0) & (obs[:, 8] < 5)).all())
 
 
 def test_masked_actions_are_never_sampled_and_ppo_learns_the_allowed_target():

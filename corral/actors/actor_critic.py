@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from corral.actors.normalizer import RunningNormalizer
-from corral.envs.spaces import layout_of
+from corral.envs.spaces import layout_of, legacy_columns
 from corral.nets import (CategoricalHead, DiagGaussianHead, MultiCategoricalHead, NatureCNN, OneHotEncoder,
                          ParallelMLP, is_discrete_space, is_image_space)
 
@@ -37,33 +37,54 @@ class ActionScaler(nn.Module):
 
 
 class MultiInputEncoder(nn.Module):
-    """Flat multi-part observations -> features: each image part through its own Nature
-    CNN, the other parts concatenated as they are."""
+    """Flat multi-part observations -> features: the non-image parts in layout order (a
+    Discrete / MultiDiscrete part one-hot from its integer slots, the others as they are),
+    then each image part through its own Nature CNN."""
 
     def __init__(self, layout, mask_key: str = "action_mask"):
         super().__init__()
         self.layout = list(layout)
         self.images = [p for p in self.layout if p.image]
         self.cnns = nn.ModuleList(NatureCNN(p.shape) for p in self.images)
-        vec = torch.ones(self.layout[-1].stop, dtype=torch.bool)
-        raw = torch.zeros_like(vec)
-        for p in self.images:
-            vec[p.start:p.stop] = False
-            raw[p.start:p.stop] = True
+        raw = torch.zeros(self.layout[-1].stop, dtype=torch.bool)
+        # plain slots are copied from src to column dst; integer slot i sets column cat_off[i] + value
+        src, dst, cat_src, cat_off, col = [], [], [], [], 0
         for p in self.layout:
-            if p.key == mask_key or p.onehot:  # flags and one-hot parts are not normalized
+            if p.image or p.key == mask_key or p.onehot:  # pixels, flags and integers are not normalized
                 raw[p.start:p.stop] = True
-        self.register_buffer("vec_idx", vec.nonzero().squeeze(-1), persistent=False)
+            if p.image:
+                continue
+            if p.nvec:
+                for i, n in enumerate(p.nvec):
+                    cat_src.append(p.start + i)
+                    cat_off.append(col)
+                    col += n
+            else:
+                src.extend(range(p.start, p.stop))
+                dst.extend(range(col, col + p.stop - p.start))
+                col += p.stop - p.start
+        self.identity = not self.images and not cat_src  # features are the flat vector itself
+        for name, v in (("src", src), ("dst", dst), ("cat_src", cat_src), ("cat_off", cat_off)):
+            self.register_buffer(name, torch.tensor(v, dtype=torch.long), persistent=False)
         self.raw_dims = raw
-        self.out_dim = int(vec.sum()) + sum(c.out_dim for c in self.cnns)
+        self.vec_dim = col
+        self.out_dim = col + sum(c.out_dim for c in self.cnns)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.images:
+        if self.identity:
             return x
-        feats = [x.index_select(1, self.vec_idx)] if self.vec_idx.numel() else []
+        feats = []
+        if self.vec_dim:
+            if self.cat_src.numel():  # the one-hot, once, from the stored integers
+                vec = x.new_zeros(x.shape[0], self.vec_dim)
+                vec.scatter_(1, x.index_select(1, self.cat_src).long() + self.cat_off, 1.0)
+                vec.index_copy_(1, self.dst, x.index_select(1, self.src))
+            else:
+                vec = x.index_select(1, self.src)
+            feats.append(vec)
         for p, cnn in zip(self.images, self.cnns):
             feats.append(cnn(x[:, p.start:p.stop].reshape(-1, *p.shape)))
-        return torch.cat(feats, dim=-1)
+        return torch.cat(feats, dim=-1) if len(feats) > 1 else feats[0]
 
 
 class ActorCritic(nn.Module):
@@ -99,6 +120,7 @@ class ActorCritic(nn.Module):
         if self.parts is not None:
             in_dim = self.parts.out_dim
             self.register_buffer("raw_dims", self.parts.raw_dims, persistent=False)
+            self.obs_norm.legacy = legacy_columns(self.parts.layout)
             mask = next((p for p in self.parts.layout if p.key == mask_key), None)
             if mask is not None:
                 if not isinstance(act_space, gym.spaces.Discrete) or mask.stop - mask.start != int(act_space.n):

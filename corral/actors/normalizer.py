@@ -29,14 +29,24 @@ class RunningNormalizer(nn.Module):
         # input is remembered here and reported by ``check_finite`` (once per update).
         self.defer_checks = False
         self._nonfinite: torch.Tensor | None = None  # not a buffer: no state, nothing to sync
+        # Set by actors of Dict / Tuple observations: the column of each slot in the older flat
+        # layout (integer parts one-hot) and that layout's width, so statistics saved by an
+        # older corral still load (``corral.envs.spaces.legacy_columns``).
+        self.legacy: tuple[list[int], int] | None = None
         self._refresh()
 
     def _refresh(self) -> None:
         self._mean32.copy_(self.mean)
         self._std32.copy_((self.var + self.eps).sqrt())
 
-    def _load_from_state_dict(self, *args, **kwargs):
-        super()._load_from_state_dict(*args, **kwargs)
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if self.legacy is not None:
+            cols, width = self.legacy
+            for name in ("mean", "var"):
+                old = state_dict.get(prefix + name)
+                if old is not None and old.dim() == 1 and old.shape[0] == width != self.mean.shape[0]:
+                    state_dict[prefix + name] = old[cols]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._refresh()
 
     def update(self, x: torch.Tensor) -> None:

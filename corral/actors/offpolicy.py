@@ -11,7 +11,7 @@ from torch import nn
 
 from corral.actors.actor_critic import MultiInputEncoder
 from corral.actors.normalizer import RunningNormalizer
-from corral.envs.spaces import layout_of
+from corral.envs.spaces import layout_of, legacy_columns
 from corral.nets import MLP, NatureCNN, OneHotEncoder, ParallelMLP, is_discrete_space, is_image_space
 
 
@@ -35,8 +35,11 @@ class ObsEncoder(nn.Module):
             self.dim = self.onehot.out_dim
         layout = layout_of(obs_space)
         parts = MultiInputEncoder(layout) if layout else None
-        # image parts through their CNNs; image, flag and one-hot parts skip the normalizer
-        self.parts = parts if parts is not None and parts.images else None
+        if layout:
+            self.norm.legacy = legacy_columns(layout)
+        # image parts through their CNNs, integer parts one-hot; image, flag and integer parts
+        # skip the normalizer
+        self.parts = parts if parts is not None and not parts.identity else None
         self.raw = parts is not None and bool(parts.raw_dims.any())
         if self.raw:
             self.register_buffer("raw_dims", parts.raw_dims, persistent=False)
@@ -46,7 +49,7 @@ class ObsEncoder(nn.Module):
     @property
     def trainable(self) -> bool:
         """Whether it has weights of its own (a CNN): then critics get an encoder of their own."""
-        return self.cnn is not None or self.parts is not None
+        return self.cnn is not None or (self.parts is not None and len(self.parts.cnns) > 0)
 
     def forward(self, obs: torch.Tensor, norm: RunningNormalizer | None = None) -> torch.Tensor:
         """``norm``: another normalizer to use (a target network's encoder takes the online
