@@ -27,6 +27,8 @@ ALGOS = {  # name: (obs space, action space, config overrides)
     "impala": (BOX, gym.spaces.Discrete(2), {}),
     "dqn": (BOX, gym.spaces.Discrete(2), {"buffer_size": 64}),
     "apex_dqn": (BOX, gym.spaces.Discrete(2), {"buffer_size": 64}),
+    **{name: (BOX, gym.spaces.Discrete(2), {"buffer_size": 64})
+       for name in ("c51", "qrdqn", "iqn", "rainbow", "mdqn", "apex_rainbow", "sac_discrete")},
     "sac": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64}),
     "td3": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64}),
     "apex_td3": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64}),
