@@ -18,8 +18,8 @@ import math
 import torch
 from torch import nn
 
-from corral.actors.offpolicy import ObsEncoder
 from corral.actors.normalizer import RunningNormalizer
+from corral.actors.offpolicy import ObsEncoder
 from corral.nets import MLP, NoisyMLP, mean_weights, reset_noise
 
 

@@ -15,7 +15,11 @@ from typing import Literal
 
 import torch
 
-from corral.actors.distributional import CategoricalQNetwork, ImplicitQNetwork, QuantileQNetwork
+from corral.actors.distributional import (
+    CategoricalQNetwork,
+    ImplicitQNetwork,
+    QuantileQNetwork,
+)
 from corral.algos.dqn import DQN, DQNConfig
 from corral.config import option
 from corral.errors import UserError
