@@ -74,6 +74,22 @@ class DistributionalDQN(DQN):
     """What the three share: the next action (online net's Q with ``double``, else the
     target's), the weighted loss, and priorities from the per-sample loss."""
 
+    def shared_targets(self, batch):
+        # the target net's next-state outputs, once per update (not with noise: it is redrawn every step)
+        return None if self.cfg.noisy else self.target_out(batch.next_obs)
+
+    def target_out(self, obs):
+        return self.target.out(obs, norm=self.actor.enc.norm)
+
+    def online(self, batch):
+        """The online net's outputs ``[B, A, K]`` for ``batch.obs`` and, with ``double``, its
+        (detached) expected Q of ``batch.next_obs`` from the same forward pass (else None)."""
+        net, B = self.actor, batch.obs.shape[0]
+        if not self.cfg.double:
+            return net.out(batch.obs), None
+        out = net.out(torch.cat([batch.obs, batch.next_obs]))
+        return out[:B], net.expectation(out[B:].detach())
+
     def next_action(self, next_q_online: torch.Tensor | None, next_q_target: torch.Tensor) -> torch.Tensor:
         return (next_q_online if self.cfg.double else next_q_target).argmax(-1)
 
@@ -106,22 +122,13 @@ class C51(DistributionalDQN):
         return CategoricalQNetwork(self.obs_space, int(self.act_space.n), self.cfg.n_atoms, self.cfg.v_min,
                                    self.cfg.v_max, **self.net_kwargs())
 
-    def shared_targets(self, batch):
-        # the target net's next-state logits, once per update (not with noise: it is redrawn every step)
-        return None if self.cfg.noisy else self.target.out(batch.next_obs, norm=self.actor.enc.norm)
-
     def phases(self, batch, noise, next_logits_target=None):
-        B = batch.obs.shape[0]
         net = self.actor
-        if self.cfg.double:
-            out = net.out(torch.cat([batch.obs, batch.next_obs]))
-            logits, next_q_online = out[:B], net.expectation(out[B:].detach())
-        else:
-            logits, next_q_online = net.out(batch.obs), None
-        rows = torch.arange(B, device=logits.device)
+        logits, next_q_online = self.online(batch)
+        rows = torch.arange(logits.shape[0], device=logits.device)
         with torch.no_grad():
             if next_logits_target is None:
-                next_logits_target = self.target.out(batch.next_obs, norm=net.enc.norm)
+                next_logits_target = self.target_out(batch.next_obs)
             next_probs = next_logits_target.softmax(-1)
             a = self.next_action(next_q_online, (next_probs * net.support).sum(-1))
             target = categorical_projection(next_probs[rows, a], batch.reward, batch.discount, net.support)
@@ -150,21 +157,12 @@ class QRDQN(DistributionalDQN):
     def make_q_network(self):
         return QuantileQNetwork(self.obs_space, int(self.act_space.n), self.cfg.n_quantiles, **self.net_kwargs())
 
-    def shared_targets(self, batch):
-        return None if self.cfg.noisy else self.target.out(batch.next_obs, norm=self.actor.enc.norm)
-
     def phases(self, batch, noise, next_target=None):
-        B = batch.obs.shape[0]
-        net = self.actor
-        if self.cfg.double:
-            out = net.out(torch.cat([batch.obs, batch.next_obs]))
-            quantiles, next_q_online = out[:B], net.expectation(out[B:].detach())
-        else:
-            quantiles, next_q_online = net.out(batch.obs), None
-        rows = torch.arange(B, device=quantiles.device)
+        quantiles, next_q_online = self.online(batch)
+        rows = torch.arange(quantiles.shape[0], device=quantiles.device)
         with torch.no_grad():
             if next_target is None:
-                next_target = self.target.out(batch.next_obs, norm=net.enc.norm)
+                next_target = self.target_out(batch.next_obs)
             a = self.next_action(next_q_online, next_target.mean(-1))
             target = batch.reward.unsqueeze(-1) + batch.discount.unsqueeze(-1) * next_target[rows, a]
         chosen = quantiles[rows, batch.action.long()]  # [B, N]
