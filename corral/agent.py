@@ -118,7 +118,7 @@ def evaluate(agent: Agent, env: Any = None, episodes: int = 10, seed: int = 0, d
         venv = make_vec_env(spec, num_envs, {}, agent.algo.device, "sync", atari_wrappers="eval",
                             max_episode_steps=cap)
     try:
-        out = evaluate_policy(lambda o: agent.algo.act(o, deterministic=protocol.deterministic), venv, episodes,
+        out = evaluate_policy(agent.algo.policy(protocol.deterministic), venv, episodes,
                               protocol, seed=seed, on_episode=on_episode,
                               generator=eval_generator(RNGStreams(seed).seeds["eval_action"], agent.algo.device))
     finally:

@@ -14,6 +14,7 @@ from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.mdqn import MunchausenDQN
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
+from corral.algos.recurrent_ppo import RecurrentPPO
 from corral.algos.sac import SAC, SACConfig
 from corral.algos.sac_discrete import SACDiscrete, SACDiscreteConfig
 from corral.algos.td3 import DDPG_OVERRIDES, TD3, TD3Config
@@ -29,6 +30,8 @@ class AlgoSpec:
 
 ALGOS: dict[str, AlgoSpec] = {
     "ppo": AlgoSpec(PPO, help="Proximal Policy Optimization (discrete and continuous)"),
+    "ppo_lstm": AlgoSpec(RecurrentPPO, help="PPO with a recurrent (LSTM, or GRU: ppo_lstm.recurrent=gru) "
+                         "actor-critic, trained on stored sequences"),
     "dqn": AlgoSpec(DQN, help="Deep Q-Network (discrete)"),
     "double_dqn": AlgoSpec(DQN, {"double": True}, "Double DQN"),
     "dueling_dqn": AlgoSpec(DQN, {"dueling": True}, "Dueling DQN"),

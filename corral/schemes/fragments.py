@@ -167,7 +167,8 @@ class FragmentScheme:
             elif getattr(L.env, "copyable", False):
                 # Collector 0 continues the learner's own episodes (a run resumed from an
                 # in-process checkpoint picks up where it stopped).
-                inits[0] = {"env": L.env.state_dict(), "obs": L.obs.cpu()}
+                inits[0] = {"env": L.env.state_dict(), "obs": L.obs.cpu(),
+                            "column": {k: v.cpu() for k, v in L.algo.column_state().items()}}
             L.saved_scheme_state = None
             self.collector_states = [None] * self.K
             self.pool = self.make_pool(inits)

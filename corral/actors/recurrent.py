@@ -1,0 +1,71 @@
+"""The recurrent actor-critic: ``ActorCritic``'s encoder (MLP input, Nature CNN, one-hot,
+Dict / Tuple parts), then an LSTM or GRU core (``corral.nets.RecurrentCore``), then the
+policy and value heads. The recurrent state is one ``[B, state_dim]`` tensor per batch of
+env columns; the caller keeps it and says where episodes start (``starts``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from corral.actors.actor_critic import ActorCritic
+from corral.nets import ParallelMLP, RecurrentCore
+
+
+class RecurrentActorCritic(ActorCritic):
+    """``explore``/``act`` take ``(obs, state, starts)`` and return the new state too;
+    ``sequence_outputs`` re-runs stored sequences (training)."""
+
+    def __init__(self, obs_space, act_space, hidden=(64,), activation="tanh", normalize_obs=True,
+                 log_std_init=0.0, core: str = "lstm", core_size: int = 64, core_layers: int = 1):
+        self._core_args = (core, int(core_size), int(core_layers))
+        super().__init__(obs_space, act_space, hidden, activation, normalize_obs, log_std_init)
+
+    def make_body(self, in_dim, hidden, activation, pi_out) -> nn.Module:
+        kind, size, layers = self._core_args
+        self.core = RecurrentCore(in_dim, size, layers, kind)
+        return ParallelMLP(2, size, hidden, activation, out_dim=pi_out, out_gains=(0.01, 1.0))
+
+    @property
+    def state_dim(self) -> int:
+        return self.core.state_dim
+
+    def initial_state(self, batch: int, device=None) -> torch.Tensor:
+        return self.core.initial_state(batch, device)
+
+    # --- sequences of stored (normalized) observations
+    def sequence_outputs(self, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None):
+        """``x [T, B, ...]`` from ``state [B, D]`` with episode starts ``[T, B]`` ->
+        ``(logits [T*B, ...], value [T*B], state after the last step)``, rows in ``[T, B]`` order."""
+        T, B = x.shape[:2]
+        flat = x.flatten(0, 1)
+        h, state = self.core(self.features(flat).view(T, B, -1), state, starts)
+        logits, value = self.heads(flat, h.flatten(0, 1))
+        return logits, value, state
+
+    def step_outputs(self, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None):
+        """One step: ``x [B, ...]`` -> ``(logits, value, new state)``."""
+        h, state = self.core.step(self.features(x), state, starts)
+        logits, value = self.heads(x, h)
+        return logits, value, state
+
+    def outputs(self, x):
+        raise TypeError("a recurrent actor's outputs depend on its state: use step_outputs or sequence_outputs")
+
+    # --- acting
+    def explore(self, obs, state, starts, generator=None):
+        """Sample for training: ``(env_action, action, log_prob, value, normalized obs, new state)``."""
+        x = self.normalize(obs, update=True)
+        logits, value, state = self.step_outputs(x, state, starts)
+        params = self.head(logits)
+        action = self.head.sample(params, generator)
+        return self.to_env(action), action, self.head.log_prob(params, action), value, x, state
+
+    @torch.no_grad()
+    def act(self, obs, state, starts=None, deterministic: bool = True, generator=None):
+        """``(env actions, new state)`` for a batch of raw observations; never updates the normalizer."""
+        x = self.normalize(obs)
+        logits, _, state = self.step_outputs(x, state, starts)
+        params = self.head(logits)
+        action = self.head.mode(params) if deterministic else self.head.sample(params, generator)
+        return self.to_env(action), state
