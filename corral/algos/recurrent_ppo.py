@@ -195,6 +195,12 @@ class RecurrentPPO(PPO):
                                           device=self.device).split(per)
 
     def minibatch_step(self, batch: RecurrentPPOBatch, idx, clip: float):
+        loss, stats = self.sequence_loss(batch, idx, clip)
+        return stats, self.applier(loss)
+
+    def sequence_loss(self, batch: RecurrentPPOBatch, idx, clip: float):
+        """``(loss, stats)`` of the sequences ``idx`` (None: all): the core re-run over each from
+        its stored state, padding dropped, then PPO's loss over the real steps."""
         rows, valid = (batch.rows, batch.valid) if idx is None else (batch.rows[:, idx], batch.valid[:, idx])
         starts, state0 = (batch.starts, batch.state0) if idx is None else (batch.starts[:, idx], batch.state0[idx])
         logits, value, _ = self.actor.sequence_outputs(batch.obs[rows], state0, starts)
@@ -204,7 +210,7 @@ class RecurrentPPO(PPO):
         loss, stats = ppo_loss(outputs, None, batch.actions[flat], batch.log_probs[flat], batch.values[flat],
                                batch.adv[flat], batch.ret[flat], clip, self.cfg,
                                self.cfg.normalize_advantage and not batch.whole)
-        return stats, self.applier(loss)
+        return loss, stats
 
     # --- state
     def extra_state(self):
