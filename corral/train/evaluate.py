@@ -193,7 +193,7 @@ def epsilon_greedy(act: Callable[[torch.Tensor], torch.Tensor], action_space, ep
     ``epsilon`` (a Discrete action space). Each step draws ``[N]`` random actions and ``[N]``
     uniforms from ``generator``, whatever the policy does, so a seed fixes every draw."""
     if not epsilon:
-        return as_policy(act)
+        return act
     import gymnasium as gym
 
     if not isinstance(action_space, gym.spaces.Discrete):
