@@ -76,12 +76,13 @@ def test_sequence_layout_cuts_columns_and_pads_the_last_sequence():
 # recurrent PPO's batch
 
 
-def filled_algo(T=7, N=3, L=3, kind="lstm", seed=0):
+def filled_algo(T=7, N=3, L=3, kind="lstm", seed=0, shared=True):
     """A recurrent PPO whose rollout holds T steps of N short CartPoles (episodes of at most
     3 steps, so starts and truncations fall inside sequences)."""
     cfg = build_config("ppo_lstm", "CartPole-v1", sets=[f"ppo_lstm.n_steps={T}", f"ppo_lstm.seq_len={L}",
                                                         f"ppo_lstm.recurrent={kind}", "ppo_lstm.batch_size=6",
-                                                        "ppo_lstm.core_size=8", "ppo_lstm.hidden=[8]"])
+                                                        "ppo_lstm.core_size=8", "ppo_lstm.hidden=[8]",
+                                                        f"ppo_lstm.shared_core={str(shared).lower()}"])
     env = make_vec_env("envs_for_tests:short_cartpole", N, {"max_episode_steps": 3})
     algo = RecurrentPPO(cfg.algo_cfg, env.single_observation_space, env.single_action_space, N,
                         torch.device("cpu"), RNGStreams(seed))
@@ -112,8 +113,9 @@ def stepped_outputs(algo):
     return torch.stack(logits), torch.stack(values), after
 
 
-def test_padded_steps_count_in_no_loss_gradient_or_statistic():
-    algo = filled_algo(T=7, N=3, L=3)  # sequences of 3, 3 and 1 + 2 padded steps per column
+@pytest.mark.parametrize("kind,shared", [("lstm", True), ("gru", False)])
+def test_padded_steps_count_in_no_loss_gradient_or_statistic(kind, shared):
+    algo = filled_algo(T=7, N=3, L=3, kind=kind, shared=shared)  # sequences of 3, 3 and 1 + 2 padded steps per column
     assert algo.seq_starts[1:].any() and algo.storage.data.truncated.any()
     batch = algo.prepare_batch()
     assert int((~batch.valid).sum()) == 2 * 3
@@ -130,8 +132,9 @@ def test_padded_steps_count_in_no_loss_gradient_or_statistic():
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
 
 
-def test_truncated_steps_bootstrap_from_the_state_after_the_step():
-    algo = filled_algo(T=7, N=3, L=7)
+@pytest.mark.parametrize("shared", [True, False])
+def test_truncated_steps_bootstrap_from_the_state_after_the_step(shared):
+    algo = filled_algo(T=7, N=3, L=7, shared=shared)
     data = algo.storage.data
     got = algo.truncation_values(data)
     _, _, after = stepped_outputs(algo)

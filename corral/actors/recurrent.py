@@ -14,24 +14,41 @@ from corral.nets import ParallelMLP, RecurrentCore
 
 class RecurrentActorCritic(ActorCritic):
     """``explore``/``act`` take ``(obs, state, starts)`` and return the new state too;
-    ``sequence_outputs`` re-runs stored sequences (training)."""
+    ``sequence_outputs`` re-runs stored sequences (training).
+
+    ``shared_core``: one core feeds both heads (the value loss trains it too); otherwise the
+    value head has its own core (sb3-contrib's ``enable_critic_lstm``), and the state is the
+    two cores' states side by side."""
 
     def __init__(self, obs_space, act_space, hidden=(64,), activation="tanh", normalize_obs=True,
-                 log_std_init=0.0, core: str = "lstm", core_size: int = 64, core_layers: int = 1):
-        self._core_args = (core, int(core_size), int(core_layers))
+                 log_std_init=0.0, core: str = "lstm", core_size: int = 64, core_layers: int = 1,
+                 shared_core: bool = True):
+        self._core_args = (core, int(core_size), int(core_layers), bool(shared_core))
         super().__init__(obs_space, act_space, hidden, activation, normalize_obs, log_std_init)
 
     def make_body(self, in_dim, hidden, activation, pi_out) -> nn.Module:
-        kind, size, layers = self._core_args
+        kind, size, layers, shared = self._core_args
         self.core = RecurrentCore(in_dim, size, layers, kind)
+        self.value_core = None if shared else RecurrentCore(in_dim, size, layers, kind)
         return ParallelMLP(2, size, hidden, activation, out_dim=pi_out, out_gains=(0.01, 1.0))
 
     @property
     def state_dim(self) -> int:
-        return self.core.state_dim
+        return self.core.state_dim * (1 if self.value_core is None else 2)
 
     def initial_state(self, batch: int, device=None) -> torch.Tensor:
-        return self.core.initial_state(batch, device)
+        return torch.zeros(batch, self.state_dim, device=device)
+
+    def run_core(self, f: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None):
+        """Features ``[T, B, F]`` -> (what the heads take: ``[T*B, H]``, or ``[2, T*B, H]`` with a
+        value core; the state after the last step)."""
+        if self.value_core is None:
+            h, state = self.core(f, state, starts)
+            return h.flatten(0, 1), state
+        d = self.core.state_dim
+        hp, sp = self.core(f, state[:, :d], starts)
+        hv, sv = self.value_core(f, state[:, d:], starts)
+        return torch.stack([hp.flatten(0, 1), hv.flatten(0, 1)]), torch.cat([sp, sv], 1)
 
     # --- sequences of stored (normalized) observations
     def sequence_outputs(self, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None):
@@ -39,13 +56,13 @@ class RecurrentActorCritic(ActorCritic):
         ``(logits [T*B, ...], value [T*B], state after the last step)``, rows in ``[T, B]`` order."""
         T, B = x.shape[:2]
         flat = x.flatten(0, 1)
-        h, state = self.core(self.features(flat).view(T, B, -1), state, starts)
-        logits, value = self.heads(flat, h.flatten(0, 1))
+        h, state = self.run_core(self.features(flat).view(T, B, -1), state, starts)
+        logits, value = self.heads(flat, h)
         return logits, value, state
 
     def step_outputs(self, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None):
         """One step: ``x [B, ...]`` -> ``(logits, value, new state)``."""
-        h, state = self.core.step(self.features(x), state, starts)
+        h, state = self.run_core(self.features(x).unsqueeze(0), state, None if starts is None else starts.unsqueeze(0))
         logits, value = self.heads(x, h)
         return logits, value, state
 

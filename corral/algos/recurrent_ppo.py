@@ -30,6 +30,7 @@ class RecurrentPPOConfig(PPOConfig):
     recurrent: Literal["lstm", "gru"] = option("lstm", "the recurrent core: lstm or gru")
     core_size: int = option(64, "units of the recurrent core", ge=1)
     core_layers: int = option(1, "stacked layers of the recurrent core", ge=1)
+    shared_core: bool = option(True, "one core for the policy and value heads (false: the value head has its own)")
     seq_len: int | None = option(None, "steps per training sequence (None: the whole rollout column, n_steps)",
                                  ge=1)
     hidden: tuple[int, ...] = option((64,), "hidden layer sizes of the policy and value heads after the core",
@@ -112,7 +113,7 @@ class RecurrentPPO(PPO):
         cfg = self.cfg
         return RecurrentActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
                                     cfg.normalize_obs, cfg.log_std_init, cfg.recurrent, cfg.core_size,
-                                    cfg.core_layers)
+                                    cfg.core_layers, cfg.shared_core)
 
     # --- hooks
     def scheme_config(self, collectors: int) -> dict:
