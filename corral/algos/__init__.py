@@ -14,6 +14,7 @@ from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.mdqn import MunchausenDQN
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
+from corral.algos.r2d2 import DRQN_OVERRIDES, R2D2
 from corral.algos.recurrent_ppo import RecurrentPPO
 from corral.algos.sac import SAC, SACConfig
 from corral.algos.sac_discrete import SACDiscrete, SACDiscreteConfig
@@ -46,6 +47,9 @@ ALGOS: dict[str, AlgoSpec] = {
     "iqn": AlgoSpec(IQN, help="IQN: implicit quantile networks (discrete)"),
     "rainbow": AlgoSpec(C51, RAINBOW_OVERRIDES, "Rainbow: C51 + double + dueling + PER + n-step + noisy nets"),
     "mdqn": AlgoSpec(MunchausenDQN, help="Munchausen DQN: log-policy bonus and soft backup (discrete)"),
+    "r2d2": AlgoSpec(R2D2, help="R2D2: recurrent Q-learning from prioritized sequence replay, stored states, "
+                     "burn-in, value rescaling, n-step double Q (discrete)"),
+    "drqn": AlgoSpec(R2D2, DRQN_OVERRIDES, "DRQN: recurrent Q-learning from sequences started at zero state"),
     "ddpg": AlgoSpec(TD3, DDPG_OVERRIDES, "DDPG (continuous)"),
     "td3": AlgoSpec(TD3, help="Twin Delayed DDPG (continuous)"),
     "sac": AlgoSpec(SAC, help="Soft Actor-Critic with automatic entropy tuning (continuous)"),

@@ -19,7 +19,8 @@ from typing import Literal, NamedTuple
 import torch
 
 from corral.actors.recurrent import RecurrentActorCritic
-from corral.algos.base import Policy, RecurrentPolicy, Step
+from corral.algos.base import Step
+from corral.algos.recurrent import RecurrentColumns
 from corral.algos.ppo import PPO, PPOBatch, PPOConfig, ppo_batch, ppo_loss
 from corral.config import option
 from corral.errors import UserError
@@ -88,10 +89,9 @@ def sequence_layout(T: int, N: int, L: int, device=None) -> tuple[torch.Tensor, 
     return rows.reshape(L, K * N).to(device), valid.reshape(L, K * N).to(device)
 
 
-class RecurrentPPO(PPO):
+class RecurrentPPO(RecurrentColumns, PPO):
     name = "ppo_lstm"
     Config = RecurrentPPOConfig
-    recurrent = True
 
     def __init__(self, cfg: RecurrentPPOConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         L = cfg.seq_len or cfg.n_steps
@@ -100,9 +100,7 @@ class RecurrentPPO(PPO):
                             f"{cfg.n_steps}); lower seq_len or leave it unset (the whole column)")
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
         self.seq_len = L
-        self._state = self.actor.initial_state(num_envs, device)
-        self._starts = torch.ones(num_envs, dtype=torch.bool, device=device)  # the run's first step starts episodes
-        self._no_starts = torch.zeros(num_envs, dtype=torch.bool, device=device)
+        self.init_columns()
         if self.stores:
             T = cfg.n_steps
             self.seq_states = torch.zeros(T, num_envs, self.actor.state_dim, device=device)
@@ -124,31 +122,14 @@ class RecurrentPPO(PPO):
                             "with collectors (a sequence must not run from one collector's fragment into the next)")
         return {**super().scheme_config(collectors), "seq_len": self.seq_len}
 
-    def column_state(self) -> dict:
-        return {**super().column_state(), "_state": self._state.clone(), "_starts": self._starts.clone()}
-
-    def episodes_ended(self, ended: torch.Tensor) -> None:
-        self._starts = ended.to(torch.bool)
-
     # --- acting
-    def initial_state(self, batch: int) -> torch.Tensor:
-        return self.actor.initial_state(batch, self.device)
-
     def act_recurrent(self, obs, state, starts, deterministic: bool = True):
         return self.actor.act(obs, state, starts, deterministic=deterministic, generator=self.rng["action"])
-
-    def act(self, obs, deterministic: bool = True):
-        raise TypeError(f"{self.name} is recurrent: act with act_recurrent(obs, state, starts) or policy()")
-
-    def policy(self, deterministic: bool = True) -> Policy:
-        return RecurrentPolicy(self, deterministic)
 
     def explore(self, obs):
         env_action, action, log_prob, value, x, state = self.actor.explore(obs, self._state, self._starts,
                                                                            self.rng["action"])
-        extras = RecurrentExtras(action, log_prob, value, x, self._state, self._starts)
-        self._state, self._starts = state, self._no_starts  # until the loop says where episodes ended
-        return env_action, extras
+        return env_action, RecurrentExtras(action, log_prob, value, x, *self.advance(state))
 
     def observe(self, step: Step):
         t = self.storage.step
@@ -215,15 +196,14 @@ class RecurrentPPO(PPO):
 
     # --- state
     def extra_state(self):
-        state = {**super().extra_state(), "rnn_state": self._state.clone(), "rnn_starts": self._starts.clone()}
+        state = {**super().extra_state(), **self.columns_state()}
         if self.storage is not None and self.storage.step:
             state["seq"] = (self.seq_states[: self.storage.step].clone(), self.seq_starts[: self.storage.step].clone())
         return state
 
     def load_extra_state(self, state):
         super().load_extra_state(state)
-        self._state = state["rnn_state"].to(self.device).clone()
-        self._starts = state["rnn_starts"].to(self.device).clone()
+        self.load_columns_state(state)
         if self.storage is not None and "seq" in state:
             n = state["seq"][0].shape[0]
             self.seq_states[:n], self.seq_starts[:n] = state["seq"]
