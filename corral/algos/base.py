@@ -225,6 +225,11 @@ class Algorithm:
     def set_env_steps(self, env_steps: int) -> None:
         """A collector hears the run's env steps before each fragment (schedules, warm-up)."""
 
+    def replay_server_class(self) -> type | None:
+        """With ``replay_server``: the server class collectors write to (None: the transition
+        replay server, ``corral.schemes.replay_server.ReplayServer``)."""
+        return None
+
     def initial_priorities(self, fragment) -> torch.Tensor | None:
         """``[T, N]`` replay priorities a collector computes for its fragment, or None."""
         return None

@@ -18,8 +18,12 @@ step. A gradient step, for a batch of sequences:
    importance weights, and the sequence's new priority is ``eta max_t |td| + (1 - eta)
    mean_t |td|``.
 
-Acting is epsilon-greedy on the recurrent Q, with DQN's schedule (in one process) or
-Ape-X's per-collector ladder (``apex_r2d2`` with collectors).
+Acting is epsilon-greedy on the recurrent Q, with DQN's schedule in one process; with
+``scheme.collectors > 1`` it runs as Ape-X does (``corral.algos.apex``): each env of each
+collector gets its epsilon from the ladder ``eps_base ** (1 + eps_alpha * i / (G - 1))``, the
+collectors' fragments go to a replay server that cuts them into sequences
+(``SequenceReplayServer``: one window per collector, so a sequence never mixes two
+collectors' columns), and the learner samples from it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from corral.actors.recurrent import RecurrentQNetwork
+from corral.algos.apex import ApexMixin
 from corral.algos.base import Step
 from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.recurrent import RecurrentColumns
@@ -68,6 +73,12 @@ class R2D2Config(DQNConfig):
     batch_size: int = option(32, "sequences per gradient step", ge=1)
     buffer_size: int = option(1_000_000, "replay capacity in steps (it holds buffer_size / seq_period sequences)",
                               ge=1)
+    # distributed (scheme.collectors > 1), as Ape-X
+    rollout_fragment: int = option(64, "env steps per env in a fragment sent to the replay server", ge=1)
+    prefetch: int = option(4, "batches the learner draws from the replay server per request", ge=1)
+    eps_base: float = option(0.4, "collectors' epsilon ladder: eps_i = eps_base ** (1 + eps_alpha * i / (envs - 1))",
+                             ge=0, le=1)
+    eps_alpha: float = option(7.0, "epsilon ladder exponent range", ge=0)
 
 
 DRQN_OVERRIDES = {"stored_state": False, "burn_in": 0, "value_rescaling": False, "prioritized": False,
@@ -83,7 +94,7 @@ class RecurrentAction(NamedTuple):
     start: torch.Tensor  # [N] bool: this step's observation starts an episode
 
 
-class R2D2(RecurrentColumns, DQN):
+class R2D2(RecurrentColumns, ApexMixin, DQN):
     name = "r2d2"
     Config = R2D2Config
 
@@ -124,17 +135,25 @@ class R2D2(RecurrentColumns, DQN):
         return cfg.core_size * cfg.core_layers * (2 if cfg.recurrent == "lstm" else 1)
 
     # --- acting
+    @property
+    def epsilon(self):
+        if self.workers > 1:  # a collector of a distributed run: its envs' rungs of the ladder
+            c = self.cfg
+            return self.env_ladder(c.eps_base, c.eps_base ** (1.0 + c.eps_alpha))
+        return DQN.epsilon.fget(self)
+
     def act_recurrent(self, obs, state, starts, deterministic: bool = True):
         return self.actor.act(obs, state, starts)
 
     def explore(self, obs):
+        self.actor.enc.norm.update(obs)  # where observations are seen (collectors report what they saw)
         n = obs.shape[0]
         g = self.rng["noise"]
         random_action = torch.randint(self.n_actions, (n,), generator=g, device=self.device)
         explore_mask = torch.rand(n, generator=g, device=self.device) < self.epsilon
         q, state = self.actor.q_step(obs, self._state, self._starts)  # always: the state moves on
         action = torch.where(explore_mask, random_action, q.argmax(-1))
-        return action, RecurrentAction(action, *self.advance(state))
+        return action, RecurrentAction(action, *self.step_columns(state))
 
     def greedy(self, obs):
         raise TypeError(f"{self.name} acts from a state: use act_recurrent")
@@ -147,6 +166,14 @@ class R2D2(RecurrentColumns, DQN):
             self.replay.add(seqs)
 
     # --- learning
+    def replay_server_class(self):
+        from corral.schemes.replay_server import SequenceReplayServer
+
+        return SequenceReplayServer
+
+    def initial_priorities(self, fragment):
+        return None  # sequences are cut on the server: they enter at the largest priority
+
     def shared_targets(self, batch):
         return None
 

@@ -25,7 +25,7 @@ class RecurrentColumns:
         self._starts = torch.ones(n, dtype=torch.bool, device=dev)  # the run's first step starts episodes
         self._no_starts = torch.zeros(n, dtype=torch.bool, device=dev)
 
-    def advance(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_columns(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Move the columns to ``state`` (after acting); returns the state and starts that entered the step."""
         entered = self._state, self._starts
         self._state, self._starts = state, self._no_starts  # until the loop says where episodes ended

@@ -129,7 +129,7 @@ class RecurrentPPO(RecurrentColumns, PPO):
     def explore(self, obs):
         env_action, action, log_prob, value, x, state = self.actor.explore(obs, self._state, self._starts,
                                                                            self.rng["action"])
-        return env_action, RecurrentExtras(action, log_prob, value, x, *self.advance(state))
+        return env_action, RecurrentExtras(action, log_prob, value, x, *self.step_columns(state))
 
     def observe(self, step: Step):
         t = self.storage.step

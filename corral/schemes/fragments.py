@@ -200,7 +200,8 @@ class FragmentScheme:
         from corral.schemes.replay_server import LocalReplay, ReplayServer
 
         algo = self.learner.algo
-        server = ReplayServer(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
+        cls = algo.replay_server_class() or ReplayServer
+        server = cls(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
         return LocalReplay(server, self.learner.device, local.capacity)
 
     def stop_replay(self) -> None:
@@ -476,7 +477,7 @@ class FragmentScheme:
                 rows = min(self.T, -(-(total - L.env_steps) // n))
                 if rows <= 0:
                     continue
-                algo.replay.add(data, rows, n)
+                algo.replay.add(data, rows, n, (meta.worker, meta.generation))
                 self.note_fragment(meta, self.version)
                 merge_deltas(algo.actor, meta.norm_deltas)
                 self.count_episodes(meta, rows)
