@@ -479,6 +479,8 @@ class FragmentScheme:
                     continue
                 algo.replay.add(data, rows, n, (meta.worker, meta.generation))
                 self.note_fragment(meta, self.version)
+                if self.fragment_callback is not None:
+                    self.fragment_callback(meta, data)
                 merge_deltas(algo.actor, meta.norm_deltas)
                 self.count_episodes(meta, rows)
                 L.add_steps(rows * n)
