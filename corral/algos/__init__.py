@@ -15,7 +15,7 @@ from corral.algos.mdqn import MunchausenDQN
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
 from corral.algos.r2d2 import DRQN_OVERRIDES, R2D2
-from corral.algos.recurrent_ppo import RecurrentPPO
+from corral.algos.recurrent_ppo import RecurrentIMPALA, RecurrentPPO
 from corral.algos.sac import SAC, SACConfig
 from corral.algos.sac_discrete import SACDiscrete, SACDiscreteConfig
 from corral.algos.td3 import DDPG_OVERRIDES, TD3, TD3Config
@@ -56,6 +56,7 @@ ALGOS: dict[str, AlgoSpec] = {
     "sac_discrete": AlgoSpec(SACDiscrete, help="Soft Actor-Critic for discrete actions: categorical policy, "
                              "exact expectations over actions, twin Q(s, .) critics"),
     "impala": AlgoSpec(IMPALA, help="IMPALA: actor-critic with V-trace correction (asynchronous collectors)"),
+    "impala_lstm": AlgoSpec(RecurrentIMPALA, help="IMPALA with a recurrent (LSTM or GRU) actor-critic"),
     "appo": AlgoSpec(IMPALA, {"surrogate": True, "n_epochs": 4}, "APPO: IMPALA with PPO's clipped surrogate"),
     "apex_dqn": AlgoSpec(ApexDQN, help="Ape-X DQN: distributed prioritized replay, epsilon ladder (discrete)"),
     "apex_rainbow": AlgoSpec(ApexRainbow, help="Ape-X over C51: distributed PER, double, dueling, 3-step (discrete)"),

@@ -21,6 +21,7 @@ import torch
 from corral.actors.recurrent import RecurrentActorCritic
 from corral.algos.base import Step
 from corral.algos.recurrent import RecurrentColumns
+from corral.algos.impala import IMPALA, IMPALAConfig
 from corral.algos.ppo import PPO, PPOBatch, PPOConfig, ppo_batch, ppo_loss
 from corral.config import option
 from corral.errors import UserError
@@ -142,16 +143,17 @@ class RecurrentPPO(RecurrentColumns, PPO):
         with torch.no_grad():
             return self.actor.step_outputs(self.actor.normalize(obs), self._state, self._starts)[1]
 
-    def truncation_values(self, data) -> torch.Tensor:
-        """V(final_obs) where truncated (0 elsewhere): the core's state after the step (one core
-        step over the stored observation from the stored state) then one step over the final
-        observation; two forwards over the truncated steps only."""
-        out = torch.zeros(data.truncated.shape, device=self.device)
-        where = data.truncated
+    def truncation_values(self, data, c=slice(None)) -> torch.Tensor:
+        """V(final_obs) where truncated (0 elsewhere), for the columns ``c``: the core's state
+        after the step (one core step over the stored observation from the stored state) then
+        one step over the final observation; two forwards over the truncated steps only."""
+        where = data.truncated[:, c]
+        out = torch.zeros(where.shape, device=self.device)
         if where.any():
             with torch.no_grad():
-                _, _, after = self.actor.step_outputs(data.obs[where], self.seq_states[where], self.seq_starts[where])
-                out[where] = self.actor.step_outputs(data.final_obs[where], after, None)[1]
+                states, starts = self.seq_states[:, c][where], self.seq_starts[:, c][where]
+                _, _, after = self.actor.step_outputs(data.obs[:, c][where], states, starts)
+                out[where] = self.actor.step_outputs(data.final_obs[:, c][where], after, None)[1]
         return out
 
     # --- the update: PPO's loop over sequences
@@ -207,3 +209,47 @@ class RecurrentPPO(RecurrentColumns, PPO):
         if self.storage is not None and "seq" in state:
             n = state["seq"][0].shape[0]
             self.seq_states[:n], self.seq_starts[:n] = state["seq"]
+
+
+@dataclass
+class RecurrentIMPALAConfig(IMPALAConfig, RecurrentPPOConfig):
+    """IMPALA's options with the recurrent core's; ``seq_len`` (None: ``n_steps``) must divide
+    ``n_steps``: each fragment is re-run in sequences from the states its collector stored."""
+
+
+class RecurrentIMPALA(RecurrentPPO, IMPALA):
+    """IMPALA (``impala_lstm``) on the recurrent actor-critic: V-trace over whole env columns
+    as IMPALA's, the policy's outputs from the core re-run over each ``seq_len`` segment of
+    each column from the state stored at its first step (the collector's, so the learner
+    trains on what the collector saw)."""
+
+    name = "impala_lstm"
+    Config = RecurrentIMPALAConfig
+    STATS, KL = IMPALA.STATS, IMPALA.KL
+    prepare_batch = IMPALA.prepare_batch
+    minibatch_plan = IMPALA.minibatch_plan
+    minibatch_step = IMPALA.minibatch_step
+    explained_variance = IMPALA.explained_variance
+
+    def __init__(self, cfg, obs_space, act_space, num_envs, device, rng, role="learner"):
+        if cfg.n_steps % (cfg.seq_len or cfg.n_steps):
+            raise UserError(f"{self.name}.seq_len={cfg.seq_len} must divide {self.name}.n_steps={cfg.n_steps}")
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
+
+    def column_outputs(self, data, c):
+        T, L = data.rewards.shape[0], self.seq_len
+        obs = data.obs[:, c]
+        n, K = obs.shape[1], T // L
+        seq = lambda t: t.reshape(K, L, n, *t.shape[2:]).transpose(0, 1).reshape(L, K * n, *t.shape[2:])  # noqa: E731
+        state0 = self.seq_states[::L, c].reshape(K * n, -1)
+        logits, value, _ = self.actor.sequence_outputs(seq(obs), state0, seq(self.seq_starts[:, c]))
+        back = lambda t: t.reshape(L, K, n, *t.shape[1:]).transpose(0, 1).reshape(T * n, *t.shape[1:])  # noqa: E731
+        params = self.actor.head(back(logits))
+        actions = data.actions[:, c].flatten(0, 1)
+        log_prob, entropy = self.actor.head.log_prob(params, actions), self.actor.head.entropy(params)
+        return log_prob.view(T, n), entropy.view(T, n), back(value).view(T, n)
+
+    def column_bootstraps(self, data, last_obs, c):
+        with torch.no_grad():
+            last = self.actor.step_outputs(self.actor.normalize(last_obs[c]), self._state[c], self._starts[c])[1]
+        return last, self.truncation_values(data, c)
