@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import corral
+from corral.algos import get_algo
 from corral.algos.base import Step
-from corral.algos.recurrent_ppo import RecurrentPPO, _Outputs, sequence_layout
+from corral.algos.recurrent_ppo import _Outputs, sequence_layout
 from corral.algos.ppo import ppo_loss
 from corral.cli import main
 from corral.envs import make_vec_env
@@ -76,16 +77,16 @@ def test_sequence_layout_cuts_columns_and_pads_the_last_sequence():
 # recurrent PPO's batch
 
 
-def filled_algo(T=7, N=3, L=3, kind="lstm", seed=0, shared=True):
-    """A recurrent PPO whose rollout holds T steps of N short CartPoles (episodes of at most
-    3 steps, so starts and truncations fall inside sequences)."""
-    cfg = build_config("ppo_lstm", "CartPole-v1", sets=[f"ppo_lstm.n_steps={T}", f"ppo_lstm.seq_len={L}",
-                                                        f"ppo_lstm.recurrent={kind}", "ppo_lstm.batch_size=6",
-                                                        "ppo_lstm.core_size=8", "ppo_lstm.hidden=[8]",
-                                                        f"ppo_lstm.shared_core={str(shared).lower()}"])
+def filled_algo(T=7, N=3, L=3, kind="lstm", seed=0, shared=True, name="ppo_lstm"):
+    """A recurrent PPO (or IMPALA) whose rollout holds T steps of N short CartPoles (episodes
+    of at most 3 steps, so starts and truncations fall inside sequences)."""
+    cfg = build_config(name, "CartPole-v1", sets=[f"{name}.n_steps={T}", f"{name}.seq_len={L}",
+                                                  f"{name}.recurrent={kind}", f"{name}.batch_size=6",
+                                                  f"{name}.core_size=8", f"{name}.hidden=[8]",
+                                                  f"{name}.shared_core={str(shared).lower()}"])
     env = make_vec_env("envs_for_tests:short_cartpole", N, {"max_episode_steps": 3})
-    algo = RecurrentPPO(cfg.algo_cfg, env.single_observation_space, env.single_action_space, N,
-                        torch.device("cpu"), RNGStreams(seed))
+    algo = get_algo(name).cls(cfg.algo_cfg, env.single_observation_space, env.single_action_space, N,
+                              torch.device("cpu"), RNGStreams(seed))
     obs = env.reset(seed=seed)
     with torch.no_grad():
         for _ in range(T):
@@ -143,6 +144,21 @@ def test_truncated_steps_bootstrap_from_the_state_after_the_step(shared):
             want = algo.actor.step_outputs(data.final_obs[t, n:n + 1], after[t, n:n + 1], None)[1][0]
             torch.testing.assert_close(got[t, n], want, rtol=1e-5, atol=1e-6)
     assert (got[~data.truncated] == 0).all() and data.truncated.any()
+
+
+def test_impala_lstm_reruns_each_fragment_segment_from_its_stored_state():
+    algo = filled_algo(T=6, N=3, L=3, name="impala_lstm")  # two 3-step segments per column
+    data = algo.storage.data
+    logits, values, _ = stepped_outputs(algo)
+    c = torch.tensor([0, 2])
+    log_prob, entropy, value = algo.column_outputs(data, c)
+    params = algo.actor.head(logits)
+    ref_lp = algo.actor.head.log_prob(params, data.actions.flatten(0, 1)).view(6, 3)
+    torch.testing.assert_close(log_prob, ref_lp[:, c], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(value, values.view(6, 3)[:, c], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(entropy, algo.actor.head.entropy(params).view(6, 3)[:, c], rtol=1e-5, atol=1e-6)
+    stats = algo.update(0.0)
+    assert all(np.isfinite(v) for v in stats.values()) and "rho_mean" in stats
 
 
 def test_minibatches_shuffle_whole_sequences_and_train():
@@ -237,7 +253,7 @@ def test_non_recurrent_agents_keep_their_act_signature(tmp_path):
 
 def test_cli_trains_a_gru_ppo_and_evaluates_it(tmp_path, capsys):
     assert main(["train", "ppo_lstm", "CartPoleNoVel-v1", "--steps", "1024", "--run-dir", str(tmp_path / "r"),
-                 "--json", "--set", "ppo_lstm.recurrent=gru", "--set", "eval.episodes=3",
+                 "--json", "--set", "ppo.recurrent=gru", "--set", "eval.episodes=3",
                  "--set", "tensorboard=false"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["env_steps"] == 1024 and summary["eval"]["episodes"] == 3
