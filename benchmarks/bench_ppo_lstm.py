@@ -46,11 +46,12 @@ def run_corral(seed: int, sets: tuple[str, ...] = ()) -> dict:
 
 
 def run_sb3(seed: int) -> dict:
-    import corral.envs  # noqa: F401  (registers CartPoleNoVel-v1)
     from sb3_contrib import RecurrentPPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
+
+    import corral.envs  # noqa: F401  (registers CartPoleNoVel-v1)
 
     class StopAt(BaseCallback):
         def __init__(self):
@@ -100,7 +101,7 @@ def main():
         print(f"seed {seed}: " + "   ".join(
             f"{name} {row[name]['seconds'] and round(row[name]['seconds'], 2)} s ({row[name]['steps']} steps)"
             for name in runners), flush=True)
-    med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+    med = lambda xs: statistics.median(xs) if xs else float("nan")
     summary = {}
     for name in runners:
         times = [r[name]["seconds"] for r in rows if r[name]["seconds"] is not None]

@@ -11,8 +11,8 @@ import torch
 import corral
 from corral.algos import get_algo
 from corral.algos.base import Step
-from corral.algos.recurrent_ppo import _Outputs, sequence_layout
 from corral.algos.ppo import ppo_loss
+from corral.algos.recurrent_ppo import _Outputs, sequence_layout
 from corral.cli import main
 from corral.envs import make_vec_env
 from corral.nets import RecurrentCore
@@ -230,7 +230,7 @@ def test_agent_act_takes_and_returns_the_state_like_recurrent_ppo_predict(tmp_pa
     a2, s2 = agent.act(obs, state, episode_start=np.zeros(3, bool))
     assert np.array_equal(policy(torch.as_tensor(obs)).numpy(), a2)
     # episode_start resets the given state; a single observation works too
-    a3, s3 = agent.act(obs, s2, episode_start=np.ones(3, bool))
+    _, s3 = agent.act(obs, s2, episode_start=np.ones(3, bool))
     assert np.allclose(s3, state, atol=1e-6)
     one, one_state = agent.act(obs[0])
     assert one.shape == () and one_state.shape == (1, agent.algo.actor.state_dim)

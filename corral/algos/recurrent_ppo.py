@@ -20,9 +20,9 @@ import torch
 
 from corral.actors.recurrent import RecurrentActorCritic
 from corral.algos.base import Step
-from corral.algos.recurrent import RecurrentColumns
 from corral.algos.impala import IMPALA, IMPALAConfig
 from corral.algos.ppo import PPO, PPOBatch, PPOConfig, ppo_batch, ppo_loss
+from corral.algos.recurrent import RecurrentColumns
 from corral.config import option
 from corral.errors import UserError
 
@@ -240,10 +240,10 @@ class RecurrentIMPALA(RecurrentPPO, IMPALA):
         T, L = data.rewards.shape[0], self.seq_len
         obs = data.obs[:, c]
         n, K = obs.shape[1], T // L
-        seq = lambda t: t.reshape(K, L, n, *t.shape[2:]).transpose(0, 1).reshape(L, K * n, *t.shape[2:])  # noqa: E731
+        seq = lambda t: t.reshape(K, L, n, *t.shape[2:]).transpose(0, 1).reshape(L, K * n, *t.shape[2:])
         state0 = self.seq_states[::L, c].reshape(K * n, -1)
         logits, value, _ = self.actor.sequence_outputs(seq(obs), state0, seq(self.seq_starts[:, c]))
-        back = lambda t: t.reshape(L, K, n, *t.shape[1:]).transpose(0, 1).reshape(T * n, *t.shape[1:])  # noqa: E731
+        back = lambda t: t.reshape(L, K, n, *t.shape[1:]).transpose(0, 1).reshape(T * n, *t.shape[1:])
         params = self.actor.head(back(logits))
         actions = data.actions[:, c].flatten(0, 1)
         log_prob, entropy = self.actor.head.log_prob(params, actions), self.actor.head.entropy(params)
