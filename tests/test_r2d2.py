@@ -223,14 +223,6 @@ def test_r2d2_runs_in_process_collectors_through_a_sequence_replay_server():
     assert L.algo.grad_steps > 50
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    return ray
-
-
 @pytest.mark.slow
 def test_r2d2_with_two_ray_collectors_learns_cartpole_novel_and_survives_a_killed_collector(ray_local, tmp_path):
     """2 Ray collectors x 4 envs on the epsilon ladder, a sequence replay server; one collector
