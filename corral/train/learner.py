@@ -300,8 +300,11 @@ class Learner:
             if self.cfg.scheme.collectors > 1:
                 self.saved_scheme_state = collectors  # the scheme hands them out, one per collector
             if collectors[0].get("env") is not None and collectors[0]["obs"].shape == self.obs.shape:
-                # in-process (or another collector count): collector 0's episodes go on here
+                # in-process (or another collector count): collector 0's episodes go on here,
+                # with its per-env state (a recurrent policy's memory of them)
                 env_state, obs = collectors[0]["env"], collectors[0]["obs"]
+                if self.algo.recurrent and collectors[0].get("column"):
+                    self.algo.load_column_state(collectors[0]["column"])
         if self.env.load_state_dict(env_state):
             self.obs = obs.to(self.device)
         else:
