@@ -267,3 +267,19 @@ def test_drqn_reaches_195_on_cartpole_within_100k(tmp_path):
                  **{"tensorboard": False, "eval.every": 10_000, "eval.episodes": 10})
     best = corral.load(tmp_path / "r")
     assert corral.evaluate(best, "CartPole-v1", episodes=20, seed=123)["mean_return"] >= 195
+
+
+def test_recurrent_algorithms_train_on_atari_pixels(tmp_path):
+    """Pong's 4x84x84 uint8 frames through the Nature CNN, the core and (R2D2) sequence replay."""
+    pytest.importorskip("ale_py")
+    common = ["--set", "env.num_envs=2", "--set", "eval.episodes=1", "--set", "eval.max_episode_steps=100",
+              "--set", "tensorboard=false"]
+    runs = {"r2d2": ["--steps", "640", "--set", "r2d2.learning_starts=320", "--set", "r2d2.burn_in=4",
+                     "--set", "r2d2.seq_len=8", "--set", "r2d2.batch_size=4", "--set", "r2d2.buffer_size=2000"],
+            "ppo_lstm": ["--steps", "256", "--set", "ppo_lstm.n_steps=64", "--set", "ppo_lstm.batch_size=64",
+                         "--set", "ppo_lstm.seq_len=16"]}
+    for algo, args in runs.items():
+        assert main(["train", algo, "ALE/Pong-v5", "--run-dir", str(tmp_path / algo), *args, *common]) == 0
+        agent = corral.load(tmp_path / algo)
+        assert agent.algo.actor.enc.cnn is not None if algo == "r2d2" else agent.algo.actor.cnn is not None
+    assert corral.load(tmp_path / "r2d2").algo.replay is None  # an acting copy holds no replay
