@@ -77,14 +77,14 @@ def test_sequence_layout_cuts_columns_and_pads_the_last_sequence():
 # recurrent PPO's batch
 
 
-def filled_algo(T=7, N=3, L=3, kind="lstm", seed=0, shared=True, name="ppo_lstm"):
+def filled_algo(T=7, N=3, L=3, kind="lstm", seed=0, shared=True, name="ppo_lstm", episode=3):
     """A recurrent PPO (or IMPALA) whose rollout holds T steps of N short CartPoles (episodes
     of at most 3 steps, so starts and truncations fall inside sequences)."""
     cfg = build_config(name, "CartPole-v1", sets=[f"{name}.n_steps={T}", f"{name}.seq_len={L}",
                                                   f"{name}.recurrent={kind}", f"{name}.batch_size=6",
                                                   f"{name}.core_size=8", f"{name}.hidden=[8]",
                                                   f"{name}.shared_core={str(shared).lower()}"])
-    env = make_vec_env("envs_for_tests:short_cartpole", N, {"max_episode_steps": 3})
+    env = make_vec_env("envs_for_tests:short_cartpole", N, {"max_episode_steps": episode})
     algo = get_algo(name).cls(cfg.algo_cfg, env.single_observation_space, env.single_action_space, N,
                               torch.device("cpu"), RNGStreams(seed))
     obs = env.reset(seed=seed)
@@ -339,3 +339,28 @@ def test_ppo_lstm_runs_on_the_native_masked_cartpole(tmp_path):
     agent = corral.train("ppo_lstm", "native:CartPoleNoVel-v1", steps=2048, seed=0, save_run=False, **QUIET)
     assert agent.summary["env_steps"] == 2048 and agent.algo.updates == 8
     assert agent.algo._state.abs().sum() > 0  # the columns carry a state between updates
+
+
+def test_ppo_burn_in_refreshes_start_states_without_gradient():
+    algo = filled_algo(T=9, N=2, L=3, episode=20)  # episodes run across the sequences' starts
+    batch = algo.prepare_batch()
+    later = torch.arange(2, batch.sequences)  # sequences that start after the rollout's first step
+    plain, _ = algo.sequence_loss(batch, later, 0.2)
+    algo.cfg.burn_in = 2
+    # with the network the rollout was collected with, burn-in recomputes exactly the stored states
+    burned, _ = algo.sequence_loss(batch, later, 0.2)
+    torch.testing.assert_close(burned, plain, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        for p in algo.actor.core.parameters():
+            p.add_(0.05)
+    algo.cfg.burn_in = 0
+    stale, _ = algo.sequence_loss(batch, later, 0.2)
+    algo.cfg.burn_in = 2
+    obs = batch.obs.clone().requires_grad_(True)
+    batch.obs = obs
+    fresh, _ = algo.sequence_loss(batch, later, 0.2)
+    assert abs(fresh.item() - stale.item()) > 1e-6  # the refreshed states differ from the stored ones
+    (grad,) = torch.autograd.grad(fresh, obs)
+    # flat rows t * 2 + n: steps 0..2 of each column only feed burn-in here (no gradient), steps 3.. do
+    assert torch.equal(grad[:6], torch.zeros_like(grad[:6]))
+    assert grad[6:].abs().sum() > 0
