@@ -421,12 +421,13 @@ def resolve_key(cfg: TrainConfig, key: str, valid: list[str] | None = None) -> s
     return path
 
 
-def _family(algo: str) -> set[str]:
-    """The names of the algorithm classes ``algo`` is built on (``ppo_lstm``: ppo_lstm, ppo)."""
-    from corral.algos import ALGOS
+# Per registered algorithm, the names of the classes it is built on (``ppo_lstm``: ppo_lstm,
+# ppo); filled by the registry (``corral.algos``), so ``ppo.recurrent`` resolves for ppo_lstm.
+ALGO_FAMILIES: dict[str, set[str]] = {}
 
-    spec = ALGOS.get(algo)
-    return set() if spec is None else {k.__dict__["name"] for k in spec.cls.__mro__ if "name" in k.__dict__}
+
+def _family(algo: str) -> set[str]:
+    return ALGO_FAMILIES.get(algo, set())
 
 
 def _bare_key(cfg: TrainConfig, name: str, valid: list[str]) -> str | None:
