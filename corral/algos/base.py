@@ -138,6 +138,8 @@ class Algorithm:
     acting: ClassVar[tuple[str, ...]] = ("actor",)
     # Ape-X: with collectors, transitions go to a replay server, not through ``observe``
     replay_server: ClassVar[bool] = False
+    # what that server stores: "transitions" or "sequences" (R2D2; ``corral.schemes.replay_server.SERVERS``)
+    replay_items: ClassVar[str] = "transitions"
     # acts from a recurrent state (``initial_state``, ``act_recurrent``; ``policy`` keeps it)
     recurrent: ClassVar[bool] = False
     actor: torch.nn.Module
@@ -224,11 +226,6 @@ class Algorithm:
 
     def set_env_steps(self, env_steps: int) -> None:
         """A collector hears the run's env steps before each fragment (schedules, warm-up)."""
-
-    def replay_server_class(self) -> type | None:
-        """With ``replay_server``: the server class collectors write to (None: the transition
-        replay server, ``corral.schemes.replay_server.ReplayServer``)."""
-        return None
 
     def initial_priorities(self, fragment) -> torch.Tensor | None:
         """``[T, N]`` replay priorities a collector computes for its fragment, or None."""

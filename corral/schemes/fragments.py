@@ -197,10 +197,10 @@ class FragmentScheme:
         algo.replay = server
 
     def make_replay(self, local):
-        from corral.schemes.replay_server import LocalReplay, ReplayServer
+        from corral.schemes.replay_server import SERVERS, LocalReplay
 
         algo = self.learner.algo
-        cls = algo.replay_server_class() or ReplayServer
+        cls = SERVERS[algo.replay_items]
         server = cls(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
         return LocalReplay(server, self.learner.device, local.capacity)
 
