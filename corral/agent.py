@@ -55,6 +55,15 @@ class Agent:
         action = self.algo.act(x, deterministic=deterministic).cpu().numpy()
         return action[0] if single else action
 
+    def export(self, path: str | Path | None = None, format: str = "onnx", **kwargs) -> dict:
+        """Write the deterministic policy (normalizer and action scaling inside) as ``onnx``,
+        ``torchscript`` or ``exported-program`` and check it against this policy on sample
+        observations (``corral.export.export_agent``: input convention, parity check). Default
+        path: ``<run_dir>/policy.<ext>``. Returns what was written and the largest difference."""
+        from corral.export import export_agent
+
+        return export_agent(self, path, format, **kwargs)
+
     def save(self, path: str | Path) -> Path:
         state = dict(self._state) if self._state else {"config": C.to_dict(self.cfg), "counters": {}}
         # an acting copy (``load``) holds only the networks: the rest of the training state stays as loaded

@@ -1,4 +1,4 @@
-"""``corral train / eval / resume / list / plot``. Everything here is reachable from the API."""
+"""``corral train / eval / resume / export / list / plot``. Everything here is reachable from the API."""
 
 from __future__ import annotations
 
@@ -121,6 +121,28 @@ def _cmd_eval(args) -> int:
           f"over {result['episodes']} episodes (median {result['median_return']:.2f}, min {result['min_return']:.2f}, "
           f"max {result['max_return']:.2f}, 95% CI of the mean [{lo:.2f}, {hi:.2f}])")
     print(f"protocol: {_protocol_text(result)}")
+    return 0
+
+
+def _cmd_export(args) -> int:
+    import corral
+    from corral.export import FORMATS, ExportError
+
+    if args.format not in FORMATS:  # before anything is loaded
+        raise UserError(f"unknown export format {args.format!r}; use one of {', '.join(FORMATS)}")
+    agent = corral.load(args.path, device="cpu")
+    try:
+        out = agent.export(args.out, format=args.format)
+    except ExportError as e:
+        print(f"corral: export failed: {e} (nothing was written)", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(out))
+    else:
+        inputs = ", ".join(f"{n} {shape} {dtype}" for n, shape, dtype in out["inputs"])
+        print(f"wrote {out['path']} ({out['format']}; inputs: {inputs}; outputs: {', '.join(out['outputs'])}); "
+              f"parity with the PyTorch policy on {out['checked_batch']} sample observations: "
+              f"max abs difference {out['max_abs_diff']:.2g}")
     return 0
 
 
@@ -251,6 +273,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=_cmd_resume)
+
+    x = sub.add_parser("export", help="write the deterministic policy as ONNX, TorchScript or an ExportedProgram",
+                       description="Export a run's (or checkpoint's) deterministic policy, observation normalizer "
+                                   "and action scaling included, and check it against the PyTorch policy on "
+                                   "sample observations (exit 1 if they differ by more than 1e-5). "
+                                   "See docs/export.md for the input convention.")
+    x.add_argument("path", help="run directory (best, else latest checkpoint) or checkpoint file")
+    x.add_argument("--format", default="onnx", help="onnx (default), torchscript or exported-program")
+    x.add_argument("--out", help="output file (default <run_dir>/policy.onnx / .pt / .pt2)")
+    x.add_argument("--json", action="store_true", help="print what was written as JSON")
+    x.set_defaults(fn=_cmd_export)
 
     li = sub.add_parser("list", help="algorithms, presets, env families")
     li.add_argument("--options", metavar="ALGO", help="every config key of ALGO with default and help")

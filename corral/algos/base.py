@@ -139,6 +139,16 @@ class Algorithm:
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         return self.actor.act(obs, deterministic=deterministic, generator=self.rng["action"])
 
+    def export_policy(self) -> torch.nn.Module:
+        """The deterministic policy ``corral export`` writes (``corral/export.py``): a module
+        from raw flat observations to env actions, the normalizer and action scaling inside.
+        The default wraps ``actor.act(obs, deterministic=True)``. A recurrent policy returns a
+        module with ``state_specs`` (one ``corral.export.StateSpec`` per state tensor) whose
+        ``forward(obs, *state)`` returns ``(action, *next_state)``."""
+        from corral.export import DeterministicPolicy
+
+        return DeterministicPolicy(self.actor)
+
     @property
     def at_boundary(self) -> bool:
         """True where a checkpoint holds everything (e.g. an empty rollout)."""
