@@ -138,7 +138,7 @@ def original_obs_space(cfg) -> gym.Space | None:
 
     try:
         env = make_factory(cfg.env.id, env_kwargs(cfg), atari_wrappers="eval")()
-    except Exception:  # only the per-key input convention is lost
+    except Exception:  # noqa: BLE001 - only the per-key input convention is lost
         return None
     try:
         return env.observation_space

@@ -10,7 +10,13 @@ import torch
 
 import corral
 from corral.cli import main
-from corral.export import ExportError, input_specs, load_exported, original_obs_space, sample_observations
+from corral.export import (
+    ExportError,
+    input_specs,
+    load_exported,
+    original_obs_space,
+    sample_observations,
+)
 
 TESTS_ENVS = "envs_for_tests"
 
