@@ -73,12 +73,14 @@ class Agent:
 
 
 def train(algo: str, env: Any = "CartPole-v1", steps: int | None = None, seed: int = 0,
-          run_dir: str | None = None, save_run: bool = True, quiet: bool = True, **overrides) -> Agent:
+          run_dir: str | None = None, save_run: bool = True, quiet: bool = True, tag: str | None = None,
+          **overrides) -> Agent:
     """Train ``algo`` on ``env`` (an id, ``module:callable``, a class or an instance).
 
-    ``overrides`` are config keys, e.g. ``lr=1e-3`` or ``**{"env.num_envs": 4}``.
+    ``overrides`` are config keys, e.g. ``lr=1e-3`` or ``**{"env.num_envs": 4}``. ``tag``
+    names the run (``log.tag``: in the run directory's name, TensorBoard and the config).
     """
-    cfg = build_config(algo, env, steps=steps, seed=seed, overrides=overrides)
+    cfg = build_config(algo, env, steps=steps, seed=seed, overrides=overrides, tag=tag)
     path = new_run_dir(cfg, run_dir) if save_run else None
     if path:
         (path / "config.yaml").write_text(C.dump_yaml(cfg))

@@ -111,6 +111,7 @@ def build_config(
     overrides: dict | None = None,
     stop_at_return: float | None = None,
     use_preset: bool = True,
+    tag: str | None = None,
 ) -> C.TrainConfig:
     """Defaults < algorithm variant < preset < config file < explicit arguments < --set."""
     spec = get_algo(algo)
@@ -127,7 +128,8 @@ def build_config(
             raise UserError(f"config file {config_file!r} is for algorithm {data['algo']!r}, not {algo!r}")
         C.apply_dict(cfg, data)
         cfg.env.id = env_id
-    for name, value in (("steps", steps), ("seed", seed), ("device", device), ("stop_at_return", stop_at_return)):
+    for name, value in (("steps", steps), ("seed", seed), ("device", device), ("stop_at_return", stop_at_return),
+                        ("log.tag", tag)):
         if value is not None:
             C.apply_set(cfg, [(name, value)])
     if num_envs is not None:
@@ -143,11 +145,12 @@ def new_run_dir(cfg: C.TrainConfig, run_dir: str | None, root: str = "runs") -> 
     if run_dir is None:
         safe_env = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.id)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = Path(root) / f"{cfg.algo}-{safe_env}-s{cfg.seed}-{stamp}"
+        tag = f"-{cfg.log.tag}" if cfg.log.tag else ""  # checked where it was set: safe in a file name
+        path = Path(root) / f"{cfg.algo}-{safe_env}{tag}-s{cfg.seed}-{stamp}"
         n = 1
         while path.exists():
             n += 1
-            path = Path(root) / f"{cfg.algo}-{safe_env}-s{cfg.seed}-{stamp}-{n}"
+            path = Path(root) / f"{cfg.algo}-{safe_env}{tag}-s{cfg.seed}-{stamp}-{n}"
     else:
         path = Path(run_dir)
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
