@@ -17,7 +17,7 @@ DOCS = ROOT / "docs"
 
 
 def python_blocks(page: Path) -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M)
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.DOTALL | re.MULTILINE)
 
 
 def test_getting_started_code_runs(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import torch
 
 from corral import config as C
@@ -38,6 +39,10 @@ def env_kwargs(cfg: C.TrainConfig, spec: Any = None) -> dict:
     """``env.kwargs`` with the options that become env arguments (``env.repeat_action_probability``)."""
     ec = cfg.env
     kwargs = dict(ec.kwargs)
+    spec_ = spec if spec is not None else ec.id
+    if cfg.log.screenshot_every > 0 and "render_mode" not in kwargs and isinstance(spec_, str) \
+            and (spec_ in gym.registry or _is_atari(spec_)):
+        kwargs["render_mode"] = "rgb_array"  # screenshots of terminal states (log.screenshot_every)
     sticky = ec.repeat_action_probability
     if sticky is not None:
         spec = spec if spec is not None else ec.id
