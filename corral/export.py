@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from corral.actors.policy import DeterministicPolicy, StateSpec
 from corral.errors import UserError
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt", "exported-program": ".pt2"}
@@ -59,29 +60,6 @@ ONNX_OPSET = 18
 
 class ExportError(RuntimeError):
     """An export that failed its parity check (or could not be traced)."""
-
-
-class StateSpec(NamedTuple):
-    """One recurrent state tensor of an exported policy: ``[B, *shape]`` of ``dtype``."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype = torch.float32
-
-
-class DeterministicPolicy(nn.Module):
-    """The default ``Algorithm.export_policy()``: raw flat observations -> env actions via the
-    actor's ``act(obs, deterministic=True)`` (the actor contract, docs/algorithms.md). Its
-    ``state_specs`` is empty: a feed-forward policy."""
-
-    state_specs: tuple[StateSpec, ...] = ()
-
-    def __init__(self, actor: nn.Module):
-        super().__init__()
-        self.actor = actor
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor.act(obs, deterministic=True, generator=None)
 
 
 class InputSpec(NamedTuple):

@@ -143,9 +143,9 @@ class Algorithm:
         """The deterministic policy ``corral export`` writes (``corral/export.py``): a module
         from raw flat observations to env actions, the normalizer and action scaling inside.
         The default wraps ``actor.act(obs, deterministic=True)``. A recurrent policy returns a
-        module with ``state_specs`` (one ``corral.export.StateSpec`` per state tensor) whose
+        module with ``state_specs`` (one ``corral.actors.policy.StateSpec`` per state tensor) whose
         ``forward(obs, *state)`` returns ``(action, *next_state)``."""
-        from corral.export import DeterministicPolicy
+        from corral.actors.policy import DeterministicPolicy
 
         return DeterministicPolicy(self.actor)
 
