@@ -214,3 +214,131 @@ def test_a_small_float_error_fails_the_parity_check(tmp_path, monkeypatch):
     monkeypatch.setattr(E.ExportModule, "forward", lambda self, *x: forward(self, *x) + 1e-4)
     with pytest.raises(ExportError, match=r"max abs difference 0\.0001 > 1e-05"):
         agent.export(tmp_path / "p.pt", format="torchscript")
+
+
+# --- more observation and action spaces, and the recurrent hook -------------------------------
+
+class StartedDictEnv(__import__("gymnasium").Env):
+    """Dict observations with integer parts that do not start at 0 (corral stores them less
+    their start; the export takes the env's own values)."""
+
+    def __init__(self):
+        import gymnasium as gym
+
+        self.observation_space = gym.spaces.Dict({
+            "level": gym.spaces.Discrete(4, start=2),
+            "grid": gym.spaces.MultiDiscrete([3, 2], start=[-1, 5]),
+            "pos": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)})
+        self.action_space = gym.spaces.Discrete(3)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), float(action == 1), False, self.t >= 10, {}
+
+
+@pytest.mark.parametrize("algo,env,kw", [
+    ("dqn", "test_export:StartedDictEnv", {"learning_starts": 64, "batch_size": 32, "normalize_obs": True}),
+    ("ppo", "test_dict_obs:MaskedEnv", {"n_steps": 32, "batch_size": 32, "normalize_obs": True}),  # action mask
+    # an image part, SAC (a CNN in the actor and in the critics: a few gradient steps only)
+    ("sac", "envs_for_tests:PixelTargetDict", {"learning_starts": 120, "batch_size": 8, "buffer_size": 1000}),
+])
+def test_dict_parts_with_starts_masks_and_images_export_exactly(algo, env, kw, tmp_path):
+    agent = _train(algo, env, steps=128, **kw)
+    for fmt in ("torchscript", "exported-program"):
+        out = agent.export(tmp_path / f"p-{fmt}", format=fmt)
+        _assert_parity(agent, out["path"], fmt)
+
+
+def test_started_integer_parts_take_the_envs_own_values(tmp_path):
+    agent = _train("dqn", "test_export:StartedDictEnv", steps=96, learning_starts=64, batch_size=32)
+    out = agent.export(tmp_path / "p.pt", format="torchscript")
+    assert [(n, d) for n, _, d in out["inputs"]] == [("grid", "int64"), ("level", "int64"), ("pos", "float32")]
+    run = load_exported(out["path"], "torchscript")
+    grid = np.array([[-1, 5], [1, 6]], np.int64)  # the env's values: [-1, 1] x [5, 6]
+    level = np.array([2, 5], np.int64)
+    pos = np.zeros((2, 2), np.float32)
+    flat = np.array([[0, 0, 0, 0, 0], [2, 1, 3, 0, 0]], np.float32)  # what corral stores: less the starts
+    np.testing.assert_array_equal(run(grid, level, pos)[0], agent.act(flat))
+
+
+def test_multidiscrete_actions_export(tmp_path):
+    import gymnasium as gym
+
+    class MD(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+        action_space = gym.spaces.MultiDiscrete([3, 4])
+
+        def reset(self, seed=None, options=None):
+            super().reset(seed=seed)
+            return self.observation_space.sample(), {}
+
+        def step(self, a):
+            return self.observation_space.sample(), 0.0, False, True, {}
+
+    agent = corral.train("ppo", MD, steps=64, save_run=False, n_steps=32, batch_size=32)
+    out = agent.export(tmp_path / "p.pt", format="torchscript")
+    obs = np.random.default_rng(0).uniform(-1, 1, (9, 3)).astype(np.float32)
+    got = load_exported(out["path"], "torchscript")(obs)[0]
+    assert got.shape == (9, 2)
+    np.testing.assert_array_equal(got, agent.act(obs))
+
+
+class _RecurrentPolicy(torch.nn.Module):
+    """A toy policy with state, as an LSTM policy would hand it over through the hook."""
+
+    from corral.actors.policy import StateSpec
+
+    state_specs = (StateSpec("h", (5,)),)
+
+    def __init__(self, obs_dim: int, n_actions: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(obs_dim, 5)
+        self.rec = torch.nn.Linear(5, 5)
+        self.out = torch.nn.Linear(5, n_actions)
+
+    def forward(self, obs, h):
+        h = torch.tanh(self.inp(obs) + self.rec(h))
+        return self.out(h).argmax(-1), h
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript", "exported-program"])
+def test_a_policy_with_state_exports_through_the_hook(fmt, tmp_path, monkeypatch):
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxscript")
+    agent = _agent("ppo_discrete_norm")
+    policy = _RecurrentPolicy(4, 2)
+    monkeypatch.setattr(type(agent.algo), "export_policy", lambda self: policy)
+    out = agent.export(tmp_path / f"p.{fmt}", format=fmt)
+    assert out["outputs"] == ["action", "h_out"]
+    run = load_exported(out["path"], fmt)
+    obs = np.random.default_rng(2).normal(size=(6, 4)).astype(np.float32)
+    h = np.zeros((6, 5), np.float32)
+    for _ in range(3):  # the state carries over
+        action, h_next = run(obs, h)
+        with torch.no_grad():
+            ref_a, ref_h = policy(torch.from_numpy(obs), torch.from_numpy(h))
+        np.testing.assert_array_equal(action, ref_a.numpy())
+        np.testing.assert_allclose(h_next, ref_h.numpy(), atol=1e-5, rtol=0)
+        h = h_next
+
+
+def test_a_wrong_next_state_fails_the_parity_check(tmp_path, monkeypatch):
+    from corral import export as E
+
+    agent = _agent("ppo_discrete_norm")
+    monkeypatch.setattr(type(agent.algo), "export_policy", lambda self: _RecurrentPolicy(4, 2))
+    forward = E.ExportModule.forward
+
+    def broken(self, *x):
+        a, h = forward(self, *x)
+        return a, h * 1.001
+    monkeypatch.setattr(E.ExportModule, "forward", broken)
+    with pytest.raises(ExportError, match="parity check failed .*: h:"):
+        agent.export(tmp_path / "p.pt", format="torchscript")

@@ -79,10 +79,10 @@ def test_two_ray_collectors_write_actor_and_learner_groups(tmp_path):
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    agent = corral.train("ppo", "CartPole-v1", steps=4096, run_dir=str(tmp_path / "run"), log_every=512,
+    agent = corral.train("ppo", "CartPole-v1", steps=2048, run_dir=str(tmp_path / "run"), log_every=512,
                          **{**QUIET, "scheme.collectors": 2, "env.num_envs": 2, "ppo.n_steps": 128,
                             "ppo.batch_size": 128})
-    assert agent.summary["env_steps"] == 4096
+    assert agent.summary["env_steps"] == 2048
     _assert_actor_and_learner_groups(agent.run_dir)
     episodes = events(agent.run_dir).Scalars("actor/0/episode_return")
     assert episodes and all(e.value > 0 for e in episodes)
