@@ -139,7 +139,7 @@ def _cmd_export(args) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        inputs = ", ".join(f"{n} {shape} {dtype}" for n, shape, dtype in out["inputs"])
+        inputs = ", ".join(f"{n} [{', '.join(map(str, shape))}] {dtype}" for n, shape, dtype in out["inputs"])
         print(f"wrote {out['path']} ({out['format']}; inputs: {inputs}; outputs: {', '.join(out['outputs'])}); "
               f"parity with the PyTorch policy on {out['checked_batch']} sample observations: "
               f"max abs difference {out['max_abs_diff']:.2g}")

@@ -321,7 +321,8 @@ def export_agent(agent, path: str | Path | None = None, format: str = "onnx", ob
         path = Path(base) / f"policy{FORMATS[format]}"
     path = Path(path)
     if path.is_dir():
-        raise UserError(f"--out {str(path)!r} is a directory; give a file name, e.g. {str(path / ('policy' + FORMATS[format]))!r}")
+        raise UserError(f"export path {str(path)!r} is a directory; give a file name, "
+                        f"e.g. {str(path / ('policy' + FORMATS[format]))!r}")
     if not path.parent.is_dir():
         raise UserError(f"the directory of {str(path)!r} does not exist; create it first")
 

@@ -186,7 +186,7 @@ def test_wandb_offline_gets_the_same_metrics(tmp_path, monkeypatch):
     assert "learner/pg_loss" in tags
     for tag in tags:  # every TensorBoard scalar is in the W&B history, under the same name
         assert tag.encode() in data, tag
-    assert ("%d" % ea.Scalars("learner/updates")[-1].value).encode() in data
+    assert f"{ea.Scalars('learner/updates')[-1].value:.0f}".encode() in data
 
 
 def test_missing_logger_package_is_a_user_error_before_the_run_dir(monkeypatch, tmp_path):

@@ -97,7 +97,7 @@ class MonitorCSV:
         if f is None:
             path = self.dir / f"{name}.monitor.csv"
             new = not path.exists()
-            f = self.files[name] = open(path, "a")
+            f = self.files[name] = open(path, "a")  # noqa: SIM115 - open for the run, closed in close()
             if new:
                 f.write("#" + json.dumps({"t_start": self.t0, "env_id": self.env_id}) + "\n")
                 f.write("r,l,t\n")
