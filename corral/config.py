@@ -59,6 +59,8 @@ class EnvConfig:
         "raise", "an env that raises: raise (stop the run) or restart (rebuild it, drop the episode)")
     strict: bool = option(False, "reject out-of-bounds Box actions instead of clipping and counting them")
     atari_wrappers: bool = option(True, "standard Atari preprocessing for ALE ids (evaluation drops episodic life and clipping)")
+    mask_obs: tuple[int, ...] | None = option(
+        None, "zero these entries of a Box observation, e.g. [1, 3] hides CartPole's velocities (as CartPoleNoVel-v1)")
     repeat_action_probability: float | None = option(
         None, "Atari sticky actions: the chance the previous action repeats (None: the game's own, 0.25 in ALE v5)",
         ge=0, le=1)
@@ -428,8 +430,10 @@ def resolve_key(cfg: TrainConfig, key: str, valid: list[str] | None = None) -> s
     valid = all_keys(cfg) if valid is None else valid
     if key in valid or key.startswith("env.kwargs."):
         return key
-    path = _bare_key(cfg, key, valid)
     section, _, leaf = key.rpartition(".")
+    if section and f"{cfg.algo}.{leaf}" in valid and section in _family(cfg.algo):
+        return f"{cfg.algo}.{leaf}"  # the family's section name: ppo.recurrent for ppo_lstm, dqn.lr for d3qn
+    path = _bare_key(cfg, key, valid)
     target = resolve_alias(leaf, cfg.algo_cfg)
     if path is None and target is not None:
         if "." in target:
@@ -443,6 +447,14 @@ def resolve_key(cfg: TrainConfig, key: str, valid: list[str] | None = None) -> s
     if path is None:
         raise UserError(_unknown_key_message(key, valid, cfg.algo_cfg))
     return path
+
+
+def _family(algo: str) -> set[str]:
+    """The names of the algorithm classes ``algo`` is built on (``ppo_lstm``: ppo_lstm, ppo)."""
+    from corral.algos import ALGOS
+
+    spec = ALGOS.get(algo)
+    return set() if spec is None else {k.__dict__["name"] for k in spec.cls.__mro__ if "name" in k.__dict__}
 
 
 def _bare_key(cfg: TrainConfig, name: str, valid: list[str]) -> str | None:

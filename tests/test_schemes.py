@@ -30,14 +30,6 @@ from corral.train.setup import build_config, new_run_dir
 QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    return ray
-
-
 def learner(algo="ppo", env="CartPole-v1", steps=2048, run_dir=None, **overrides):
     cfg = build_config(algo, env, steps=steps, overrides={**QUIET, **overrides})
     return Learner(cfg, new_run_dir(cfg, str(run_dir)) if run_dir else None, env_spec=env, quiet=True)
@@ -285,6 +277,9 @@ def test_killing_a_collector_mid_run_loses_nothing(ray_local, tmp_path):
 @pytest.mark.parametrize("algo,extra", [
     # schedules that do not depend on the run's length (N and 2N runs share them)
     ("ppo", {"ppo.n_epochs": 2, "ppo.batch_size": 64, "ppo.lr_schedule": "constant", "ppo.clip_schedule": "constant"}),
+    # each collector's recurrent state goes into the checkpoint with its env state
+    ("ppo_lstm", {"ppo_lstm.n_epochs": 2, "ppo_lstm.batch_size": 64, "ppo_lstm.n_steps": 32, "ppo_lstm.seq_len": 16,
+                  "ppo_lstm.core_size": 16}),
     ("dqn", {"dqn.learning_starts": 128, "dqn.hidden": [16], "dqn.train_freq": 4, "dqn.gradient_steps": 2,
              "dqn.exploration_initial_eps": 0.2, "dqn.exploration_final_eps": 0.2}),
 ])

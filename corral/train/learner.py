@@ -145,6 +145,7 @@ class Learner:
                 env_action, extras = algo.explore(obs)
                 next_obs, reward, terminated, truncated, info = env.step(env_action)
                 algo.observe(Step(obs, extras, reward, terminated, truncated, info["final_obs"], next_obs))
+                algo.episodes_ended(terminated | truncated)
             obs = next_obs
             self.obs = obs
             self.add_steps(n)
@@ -321,8 +322,11 @@ class Learner:
             if self.cfg.scheme.collectors > 1:
                 self.saved_scheme_state = collectors  # the scheme hands them out, one per collector
             if collectors[0].get("env") is not None and collectors[0]["obs"].shape == self.obs.shape:
-                # in-process (or another collector count): collector 0's episodes go on here
+                # in-process (or another collector count): collector 0's episodes go on here,
+                # with its per-env state (a recurrent policy's memory of them)
                 env_state, obs = collectors[0]["env"], collectors[0]["obs"]
+                if self.algo.recurrent and collectors[0].get("column"):
+                    self.algo.load_column_state(collectors[0]["column"])
         if self.env.load_state_dict(env_state):
             self.obs = obs.to(self.device)
         else:
