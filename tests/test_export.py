@@ -342,3 +342,12 @@ def test_a_wrong_next_state_fails_the_parity_check(tmp_path, monkeypatch):
     monkeypatch.setattr(E.ExportModule, "forward", broken)
     with pytest.raises(ExportError, match="parity check failed .*: h:"):
         agent.export(tmp_path / "p.pt", format="torchscript")
+
+
+def test_a_recurrent_algorithm_is_refused_with_a_clear_message(tmp_path):
+    agent = corral.train("ppo_lstm", "CartPole-v1", steps=64, save_run=False, n_steps=32, batch_size=32)
+    from corral.errors import UserError
+
+    with pytest.raises(UserError, match="recurrent policy.*not built yet"):
+        agent.export(tmp_path / "p.pt", format="torchscript")
+    assert not list(tmp_path.iterdir())
