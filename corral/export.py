@@ -369,5 +369,6 @@ def export_agent(agent, path: str | Path | None = None, format: str = "onnx", ob
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return {"path": str(path), "format": format, "inputs": [(s.name, ["B", *s.shape], str(s.dtype)) for s in specs],
+    return {"path": str(path), "format": format,
+            "inputs": [(s.name, ["B", *s.shape], str(s.dtype)) for s in (*specs, *state_specs)],
             "outputs": names_out, "max_abs_diff": worst, "checked_batch": PARITY_BATCH}

@@ -364,3 +364,38 @@ def test_ppo_burn_in_refreshes_start_states_without_gradient():
     # flat rows t * 2 + n: steps 0..2 of each column only feed burn-in here (no gradient), steps 3.. do
     assert torch.equal(grad[:6], torch.zeros_like(grad[:6]))
     assert grad[6:].abs().sum() > 0
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_recurrent_policies_export_with_their_state(tmp_path, fmt):
+    """ppo_lstm and r2d2 export as (obs, state) -> (action, next state); the exporter's parity
+    check runs two steps (state carried) against the PyTorch policy; then the file is replayed
+    here over an episode against the agent's own stateful acting."""
+    pytest.importorskip("onnxruntime" if fmt == "onnx" else "torch")
+    for algo, sets in (("ppo_lstm", {"ppo_lstm.n_steps": 32, "ppo_lstm.batch_size": 64}),
+                       ("r2d2", {"r2d2.learning_starts": 64, "r2d2.burn_in": 2, "r2d2.seq_len": 4,
+                                 "r2d2.batch_size": 4, "r2d2.core_size": 16, "r2d2.hidden": [16]})):
+        agent = corral.train(algo, "CartPoleNoVel-v1", steps=256, seed=0, run_dir=str(tmp_path / algo),
+                             **{**QUIET, **sets})
+        out = agent.export(tmp_path / f"{algo}.{fmt}", format=fmt)
+        assert out["outputs"] == ["action", "state_out"] and out["max_abs_diff"] <= 1e-5
+        assert [name for name, *_ in out["inputs"]] == ["obs", "state"]
+        env = make_vec_env("CartPoleNoVel-v1", 1)
+        obs = env.reset(seed=7).numpy()
+        state = np.zeros((1, agent.algo.actor.state_dim), np.float32)
+        mine = None
+        if fmt == "onnx":
+            import onnxruntime as ort
+
+            sess = ort.InferenceSession(out["path"])
+            run = lambda o, s: sess.run(None, {"obs": o, "state": s})  # noqa: E731
+        else:
+            module = torch.jit.load(out["path"])
+            run = lambda o, s: [t.detach().numpy() for t in module(torch.as_tensor(o), torch.as_tensor(s))]  # noqa: E731
+        for t in range(30):
+            action, state = run(obs, state)
+            ref, mine = agent.act(obs, mine, episode_start=np.array([t == 0]))
+            assert np.array_equal(np.asarray(action).reshape(-1), np.asarray(ref).reshape(-1))
+            np.testing.assert_allclose(state, mine, atol=1e-5)
+            obs, *_ = env.step(torch.as_tensor(np.asarray(action).reshape(-1)))
+            obs = obs.numpy()

@@ -30,3 +30,18 @@ class DeterministicPolicy(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.act(obs, deterministic=True, generator=None)
+
+
+class RecurrentDeterministicPolicy(nn.Module):
+    """A recurrent algorithm's ``export_policy()``: ``(obs, state) -> (action, next state)``
+    through the actor's ``act(obs, state, starts=None, deterministic=True)``. The exported
+    graph has no episode-start input: the caller passes zeros as the state at an episode's
+    first step (what corral's policies do there), which also keeps the graph free of branches."""
+
+    def __init__(self, actor: nn.Module):
+        super().__init__()
+        self.actor = actor
+        self.state_specs = (StateSpec("state", (int(actor.state_dim),)),)
+
+    def forward(self, obs: torch.Tensor, state: torch.Tensor):
+        return self.actor.act(obs, state, None, deterministic=True)
