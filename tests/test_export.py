@@ -344,10 +344,8 @@ def test_a_wrong_next_state_fails_the_parity_check(tmp_path, monkeypatch):
         agent.export(tmp_path / "p.pt", format="torchscript")
 
 
-def test_a_recurrent_algorithm_is_refused_with_a_clear_message(tmp_path):
+def test_a_recurrent_algorithm_exports_its_state_as_inputs_and_outputs(tmp_path):
+    # the replay of exported ppo_lstm / r2d2 over whole episodes is in tests/test_recurrent.py
     agent = corral.train("ppo_lstm", "CartPole-v1", steps=64, save_run=False, n_steps=32, batch_size=32)
-    from corral.errors import UserError
-
-    with pytest.raises(UserError, match="recurrent policy.*not built yet"):
-        agent.export(tmp_path / "p.pt", format="torchscript")
-    assert not list(tmp_path.iterdir())
+    out = agent.export(tmp_path / "p.pt", format="torchscript")
+    assert [n for n, *_ in out["inputs"]] == ["obs", "state"] and out["outputs"] == ["action", "state_out"]
