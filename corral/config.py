@@ -317,6 +317,7 @@ ALIASES: dict[str, str | dict[str, str | None]] = {
     "vf_loss_coeff": {_PPO: "vf_coef"},
     "kl_target": {_PPO: None},
     "vtrace_clip_rho_threshold": {"IMPALAConfig": "rho_bar"},
+    "rms_prop_eps": {"PolicyGradientConfig": "eps"},  # SB3's A2C (its use_rms_prop is a2c.optimizer)
     "rollout_fragment_length": {_PPO: "n_steps", "ApexDQNConfig": "rollout_fragment",
                                 "ApexTD3Config": "rollout_fragment", _REPLAY: None},
     "train_batch_size": {_PPO: None, _REPLAY: "batch_size"},
