@@ -285,9 +285,11 @@ def test_trained_2n_equals_n_then_resumed_bit_for_bit(tmp_path, algo_name, extra
 # --- gradient workers
 
 
-def test_a2c_gradient_workers_give_the_single_process_update_in_process():
-    L = Learner(build_config("a2c", "CartPole-v1", steps=10**6, overrides={**QUIET, "env.num_envs": 4,
-                                                                        "a2c.normalize_advantage": True}), None)
+@pytest.mark.parametrize("algo_name,over", [("a2c", {"a2c.normalize_advantage": True}),
+                                            ("reinforce", {"reinforce.batch_episodes": 4})])
+def test_gradient_workers_give_the_single_process_update_in_process(algo_name, over):
+    L = Learner(build_config(algo_name, "CartPole-v1", steps=10**6, overrides={**QUIET, "env.num_envs": 4, **over}),
+                None)
     algo, obs = L.algo, L.obs
     with torch.no_grad():
         while not algo.ready():
@@ -296,8 +298,8 @@ def test_a2c_gradient_workers_give_the_single_process_update_in_process():
             algo.observe(Step(obs, ex, r, te, tr, info["final_obs"], nxt))
             obs = nxt
     cls = sharded_class(algo)
-    assert issubclass(cls, A2C) and cls.name == "a2c"
-    plain = A2C(algo.cfg, algo.obs_space, algo.act_space, 4, torch.device("cpu"), RNGStreams(0))
+    assert issubclass(cls, type(algo)) and cls.name == algo_name
+    plain = type(algo)(algo.cfg, algo.obs_space, algo.act_space, 4, torch.device("cpu"), RNGStreams(0))
     sharded = cls(algo.cfg, algo.obs_space, algo.act_space, 4, torch.device("cpu"), RNGStreams(0))
     for x in (plain, sharded):
         x.load_state_dict(algo.state_dict())
@@ -315,6 +317,15 @@ def test_a2c_trains_with_two_gradient_workers_in_process():
     L.make_stream = scheme.stream
     assert L.train()["env_steps"] == 800
     assert type(L.algo).__name__ == "ShardedA2C" and L.algo.updates == 800 // 20
+
+
+def test_a2c_trains_on_two_collectors_in_process():
+    L = Learner(build_config("a2c", "CartPole-v1", steps=1600, sets=["scheme.collectors=2"],
+                             overrides={**QUIET, "env.num_envs": 2}), None, quiet=True)
+    scheme = FragmentScheme(L)  # its collectors in this process (LocalPool; the CLI's run on Ray)
+    L.make_stream = scheme.stream
+    assert L.train()["env_steps"] == 1600
+    assert L.algo.cfg.n_steps == 10  # one 5-step fragment of each collector per update
 
 
 # --- learning: the preset on CartPole-v1, seed 0. "Reaches" is the best periodic deterministic
