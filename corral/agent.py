@@ -43,8 +43,16 @@ class Agent:
     def actor(self) -> torch.nn.Module:
         return self.algo.actor
 
-    def act(self, obs: Any, deterministic: bool = True) -> np.ndarray:
-        """One observation ``obs_shape`` or a batch ``[B, *obs_shape]``."""
+    def act(self, obs: Any, state: Any = None, episode_start: Any = None, deterministic: bool = True):
+        """Actions for one observation ``obs_shape`` or a batch ``[B, *obs_shape]``.
+
+        A recurrent agent (``ppo_lstm``) takes and returns its state, as sb3-contrib's
+        ``RecurrentPPO.predict`` does: ``action, state = agent.act(obs, state, episode_start)``,
+        ``state`` ``[B, state_dim]`` (None: new episodes, zeros) and ``episode_start`` ``[B]``
+        bool, True where ``obs`` is the first of an episode (the state is reset there; None:
+        True when no state is given, else False). Others return the action alone."""
+        if isinstance(state, bool) and episode_start is None:  # act(obs, False): the old positional deterministic
+            state, deterministic = None, state
         arr = np.asarray(obs)
         single = arr.shape == self.obs_shape
         if not single and arr.shape[1:] != self.obs_shape:
@@ -52,8 +60,23 @@ class Agent:
         x = torch.as_tensor(arr[None] if single else arr, device=self.algo.device)
         if x.is_floating_point():
             x = x.float()
-        action = self.algo.act(x, deterministic=deterministic).cpu().numpy()
-        return action[0] if single else action
+        if not self.algo.recurrent:
+            if state is not None or episode_start is not None:
+                raise TypeError(f"{self.cfg.algo} is not recurrent: call act(obs) without state or episode_start")
+            action = self.algo.act(x, deterministic=deterministic).cpu().numpy()
+            return action[0] if single else action
+        n = x.shape[0]
+        if state is None:
+            h = self.algo.initial_state(n)
+            starts = torch.ones(n, dtype=torch.bool, device=self.algo.device)
+        else:
+            h = torch.as_tensor(np.asarray(state), dtype=torch.float32, device=self.algo.device).reshape(n, -1)
+            starts = torch.zeros(n, dtype=torch.bool, device=self.algo.device)
+        if episode_start is not None:
+            starts = torch.as_tensor(np.asarray(episode_start), device=self.algo.device).reshape(n).bool()
+        action, h = self.algo.act_recurrent(x, h, starts, deterministic)
+        action = action.cpu().numpy()
+        return (action[0] if single else action), h.cpu().numpy()
 
     def save(self, path: str | Path) -> Path:
         state = dict(self._state) if self._state else {"config": C.to_dict(self.cfg), "counters": {}}
@@ -118,7 +141,7 @@ def evaluate(agent: Agent, env: Any = None, episodes: int = 10, seed: int = 0, d
         venv = make_vec_env(spec, num_envs, {}, agent.algo.device, "sync", atari_wrappers="eval",
                             max_episode_steps=cap)
     try:
-        out = evaluate_policy(lambda o: agent.algo.act(o, deterministic=protocol.deterministic), venv, episodes,
+        out = evaluate_policy(agent.algo.policy(protocol.deterministic), venv, episodes,
                               protocol, seed=seed, on_episode=on_episode,
                               generator=eval_generator(RNGStreams(seed).seeds["eval_action"], agent.algo.device))
     finally:

@@ -100,7 +100,7 @@ def _cmd_eval(args) -> int:
     if args.video:
         from corral.envs.video import record_video
 
-        videos = record_video(lambda o: agent.algo.act(o, deterministic=deterministic), agent.cfg.env.id,
+        videos = record_video(agent.algo.policy(deterministic), agent.cfg.env.id,
                               args.video, episodes=args.episodes, kwargs=agent.cfg.env.kwargs, seed=args.seed,
                               device=agent.algo.device)
         for v in videos:

@@ -56,6 +56,8 @@ class EnvConfig:
         "raise", "an env that raises: raise (stop the run) or restart (rebuild it, drop the episode)")
     strict: bool = option(False, "reject out-of-bounds Box actions instead of clipping and counting them")
     atari_wrappers: bool = option(True, "standard Atari preprocessing for ALE ids (evaluation drops episodic life and clipping)")
+    mask_obs: tuple[int, ...] | None = option(
+        None, "zero these entries of a Box observation, e.g. [1, 3] hides CartPole's velocities (as CartPoleNoVel-v1)")
     repeat_action_probability: float | None = option(
         None, "Atari sticky actions: the chance the previous action repeats (None: the game's own, 0.25 in ALE v5)",
         ge=0, le=1)

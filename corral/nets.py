@@ -439,3 +439,81 @@ class mean_weights:
         for m, s in zip(self.layers, self.saved):
             m.noisy = s
         return False
+
+
+# ---------------------------------------------------------------------------
+# Recurrent cores
+
+
+class RecurrentCore(nn.Module):
+    """An LSTM or GRU (``layers`` deep) whose state is reset to zeros where an episode starts.
+
+    The state of a batch is one tensor ``[B, state_dim]`` (an LSTM's ``h`` and ``c`` of every
+    layer side by side, a GRU's ``h``), so rollouts, replay, fragments and checkpoints hold it
+    like any other per-env column. ``starts[t, b]`` says that step ``t`` of column ``b`` is the
+    first of an episode: the state entering that step is replaced by zeros first. That is
+    where the *observation* starts a new episode, which is not always one step after a done
+    flag (a fragment's boundary is marked truncated but continues its episode).
+
+    ``forward(x [T, B, F], state, starts [T, B])`` runs whole sequences: one call of the
+    cuDNN/MKL kernel per stretch of steps in which no column starts an episode (the state is
+    reset between stretches), so it equals stepping one step at a time, and a batch of
+    packed trajectories equals running each alone."""
+
+    def __init__(self, in_dim: int, hidden: int, layers: int = 1, kind: str = "lstm"):
+        super().__init__()
+        if kind not in ("lstm", "gru"):
+            raise ValueError(f"recurrent core must be 'lstm' or 'gru', got {kind!r}")
+        self.kind, self.hidden, self.layers = kind, int(hidden), int(layers)
+        rnn = nn.LSTM if kind == "lstm" else nn.GRU
+        self.rnn = rnn(in_dim, hidden, layers)
+        for name, p in self.rnn.named_parameters():  # orthogonal weights, zero biases (SB3-contrib, CleanRL)
+            if "weight" in name:
+                nn.init.orthogonal_(p, 1.0)
+            else:
+                nn.init.zeros_(p)
+        self.out_dim = self.hidden
+        self.state_dim = self.hidden * self.layers * (2 if kind == "lstm" else 1)
+
+    def initial_state(self, batch: int, device=None) -> torch.Tensor:
+        """The state of a new episode: zeros."""
+        return torch.zeros(batch, self.state_dim, device=device)
+
+    def _unpack(self, state: torch.Tensor):
+        B, L, H = state.shape[0], self.layers, self.hidden
+        if self.kind == "gru":
+            return state.view(B, L, H).transpose(0, 1).contiguous()
+        hc = state.view(B, 2, L, H)
+        return hc[:, 0].transpose(0, 1).contiguous(), hc[:, 1].transpose(0, 1).contiguous()
+
+    def _pack(self, hx) -> torch.Tensor:
+        if self.kind == "gru":
+            return hx.transpose(0, 1).reshape(hx.shape[1], -1)
+        h, c = hx
+        return torch.stack([h.transpose(0, 1), c.transpose(0, 1)], 1).reshape(h.shape[1], -1)
+
+    def step(self, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None = None):
+        """One step for a batch: ``x [B, F]`` -> ``(out [B, H], new state)``."""
+        out, state = self.forward(x.unsqueeze(0), state, None if starts is None else starts.unsqueeze(0))
+        return out[0], state
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None = None):
+        """``x [T, B, F]``, ``state [B, D]`` entering step 0, ``starts [T, B]`` (bool or 0/1; None:
+        none) -> ``(out [T, B, H], state after step T - 1)``."""
+        T = x.shape[0]
+        if starts is None:
+            cut = [0]
+        else:
+            starts = starts.bool()
+            any_start = starts.any(1)
+            any_start[0] = True  # stretch boundaries: step 0 and every step where some column starts
+            cut = any_start.nonzero().flatten().tolist()
+        outs = []
+        for i, t0 in enumerate(cut):
+            t1 = cut[i + 1] if i + 1 < len(cut) else T
+            if starts is not None:
+                state = state * (~starts[t0]).unsqueeze(1).to(state.dtype)
+            out, hx = self.rnn(x[t0:t1], self._unpack(state))
+            state = self._pack(hx)
+            outs.append(out)
+        return (outs[0] if len(outs) == 1 else torch.cat(outs)), state

@@ -113,3 +113,15 @@ def vtrace(
     vs_next = torch.where((terminated | truncated), next_values, vs_next)
     pg_adv = clipped_rhos * (rewards + gamma * not_term * vs_next - values)
     return vs, pg_adv
+
+
+def value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """R2D2's (Kapturowski et al. 2019; Pohlen et al. 2018) invertible value squashing
+    ``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x``: targets are ``h(r + gamma h^-1(Q))``."""
+    return x.sign() * ((x.abs() + 1.0).sqrt() - 1.0) + eps * x
+
+
+def value_unrescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """The inverse of :func:`value_rescale`:
+    ``h^-1(x) = sign(x) (((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1)``."""
+    return x.sign() * ((((1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)).sqrt() - 1.0) / (2.0 * eps)).square() - 1.0)

@@ -24,6 +24,7 @@ QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
 BOX = gym.spaces.Box(-1, 1, (4,), np.float32)
 ALGOS = {  # name: (obs space, action space, config overrides)
     "ppo": (BOX, gym.spaces.Discrete(2), {}),
+    "ppo_lstm": (BOX, gym.spaces.Discrete(2), {}),
     "impala": (BOX, gym.spaces.Discrete(2), {}),
     "a2c": (BOX, gym.spaces.Discrete(2), {}),
     "reinforce": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {}),
@@ -79,7 +80,7 @@ def test_an_acting_copy_has_no_storage_and_no_optimizers_and_acts_like_the_learn
     assert getattr(actor, "replay", None) is None and getattr(actor, "storage", None) is None
     actor.load_state_dict(full.state_dict())
     obs = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(actor.act(obs), full.act(obs), rtol=0, atol=0)
+    torch.testing.assert_close(actor.policy()(obs), full.policy()(obs), rtol=0, atol=0)
     assert set(actor.state_dict()) <= set(full.state_dict())
 
 

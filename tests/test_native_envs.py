@@ -23,6 +23,7 @@ torch.set_num_threads(1)
 DEVICES = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
 TIME_LIMITS = {
     "CartPole-v1": 500,
+    "CartPoleNoVel-v1": 500,
     "Acrobot-v1": 500,
     "MountainCar-v0": 200,
     "MountainCarContinuous-v0": 999,
@@ -32,6 +33,7 @@ TIME_LIMITS = {
 # steering policies below to reach the goal / fall many times.
 LOCKSTEP_STEPS = {
     "CartPole-v1": 600,
+    "CartPoleNoVel-v1": 600,
     "Acrobot-v1": 600,
     "MountainCar-v0": 450,
     "MountainCarContinuous-v0": 1050,
@@ -44,6 +46,7 @@ LOCKSTEP_STEPS = {
 PI = np.pi
 EDGE_STATES = {
     "CartPole-v1": [[2.39, 1.0, 0.0, 0.0], [0.0, 0.0, 0.2, 1.0]],
+    "CartPoleNoVel-v1": [[2.39, 1.0, 0.0, 0.0], [0.0, 0.0, 0.2, 1.0]],
     "Acrobot-v1": [[PI - 0.01, -PI + 0.01, 4 * PI - 0.1, 9 * PI - 0.1], [0.5, 2.0, -4 * PI + 0.05, -9 * PI + 0.05]],
     "MountainCar-v0": [[-0.5, 0.0699], [-1.19, -0.069]],
     "MountainCarContinuous-v0": [[-0.5, 0.0699], [-1.19, -0.069]],
@@ -61,7 +64,7 @@ def random_actions(env, rng: np.random.Generator, n: int) -> np.ndarray:
 
 def steering_actions(env_id: str, obs: np.ndarray) -> np.ndarray | None:
     """Simple controllers that balance the pole / reach the goal, so episodes end both ways."""
-    if env_id == "CartPole-v1":
+    if env_id in ("CartPole-v1", "CartPoleNoVel-v1"):  # (the velocity terms read 0 in NoVel)
         return (3 * obs[:, 2] + obs[:, 3] + 0.1 * obs[:, 0] + 0.3 * obs[:, 1] > 0).astype(np.int64)
     if env_id == "Acrobot-v1":
         return np.where(obs[:, 5] > 0, 2, 0)
@@ -79,6 +82,8 @@ def gym_observation(env_id: str, env: gym.Env) -> np.ndarray:
         return u._get_ob()
     if env_id == "Pendulum-v1":
         return u._get_obs()
+    if env_id == "CartPoleNoVel-v1":
+        return np.array(u.state, dtype=np.float32) * np.array([1, 0, 1, 0], np.float32)
     return np.array(u.state, dtype=np.float32)
 
 
@@ -100,7 +105,8 @@ def test_matches_gymnasium_step_by_step(env_id):
     terminations = truncations = 0
     for t in range(LOCKSTEP_STEPS[env_id]):
         actions = random_actions(native, rng, k)
-        steer = steering_actions(env_id, obs.numpy())
+        # (the masked CartPole steers from the true state: its observation has no velocities)
+        steer = steering_actions(env_id, native.get_state().numpy() if "NoVel" in env_id else obs.numpy())
         if steer is not None:
             actions[::2] = steer[::2]  # even envs steer, odd envs act at random
         obs, reward, terminated, truncated, info = native.step(torch.as_tensor(actions))
@@ -218,7 +224,8 @@ def test_episode_return_and_length_add_up_the_episode(env_id, sparse_reset):
     obs = env.reset()
     for _ in range(450):
         actions = random_actions(env, rng, n)
-        steer = steering_actions(env_id, obs.numpy())
+        # (the masked CartPole steers from the true state: its observation has no velocities)
+        steer = steering_actions(env_id, native.get_state().numpy() if "NoVel" in env_id else obs.numpy())
         if steer is not None:
             actions[::2] = steer[::2]  # MountainCarContinuous reaches its goal (and its bonus) this way
         obs, reward, terminated, truncated, info = env.step(torch.as_tensor(actions))

@@ -285,6 +285,9 @@ def test_killing_a_collector_mid_run_loses_nothing(ray_local, tmp_path):
 @pytest.mark.parametrize("algo,extra", [
     # schedules that do not depend on the run's length (N and 2N runs share them)
     ("ppo", {"ppo.n_epochs": 2, "ppo.batch_size": 64, "ppo.lr_schedule": "constant", "ppo.clip_schedule": "constant"}),
+    # each collector's recurrent state goes into the checkpoint with its env state
+    ("ppo_lstm", {"ppo_lstm.n_epochs": 2, "ppo_lstm.batch_size": 64, "ppo_lstm.n_steps": 32, "ppo_lstm.seq_len": 16,
+                  "ppo_lstm.core_size": 16}),
     ("dqn", {"dqn.learning_starts": 128, "dqn.hidden": [16], "dqn.train_freq": 4, "dqn.gradient_steps": 2,
              "dqn.exploration_initial_eps": 0.2, "dqn.exploration_final_eps": 0.2}),
 ])

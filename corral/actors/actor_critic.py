@@ -144,10 +144,14 @@ class ActorCritic(nn.Module):
             self.scaler = ActionScaler(act_space)
         else:
             raise ValueError(f"ActorCritic supports Discrete, MultiDiscrete, MultiBinary and Box actions, got {act_space}")
-        # Member 0 is the policy (logits / mean, small init so the first policy is near
-        # uniform), member 1 the value (column 0). Separate weights, one batched module.
-        self.body = ParallelMLP(2, in_dim, hidden, activation, out_dim=pi_out, out_gains=(0.01, 1.0))
         self.act_shape = tuple(act_space.shape)
+        self.body = self.make_body(in_dim, tuple(hidden), activation, pi_out)
+
+    def make_body(self, in_dim: int, hidden: tuple[int, ...], activation: str, pi_out: int) -> nn.Module:
+        """Features -> ``[2, B, out]``: member 0 the policy (logits / mean, small init so the first
+        policy is near uniform), member 1 the value (column 0). Separate weights, one batched
+        module. (The recurrent actor puts its core in front of this.)"""
+        return ParallelMLP(2, in_dim, hidden, activation, out_dim=pi_out, out_gains=(0.01, 1.0))
 
     # --- pieces the algorithm uses on stored (already normalized) observations
     def normalize(self, obs: torch.Tensor, update: bool = False) -> torch.Tensor:
@@ -177,14 +181,21 @@ class ActorCritic(nn.Module):
             return self.obs_shape, torch.uint8 if self.onehot.binary else torch.long
         return (int(math.prod(self.obs_shape)),), torch.float32
 
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The encoder's output for stored observations ``[B, ...]``: CNN, one-hot, the parts of
+        a Dict / Tuple, or the flat vector itself."""
+        if self.cnn is not None:
+            return self.cnn(x)
+        if self.onehot is not None:
+            return self.onehot(x)
+        return self.parts(x) if self.parts is not None else x
+
     def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy net's raw output (masked logits / mean) and the value."""
-        if self.cnn is not None:
-            features = self.cnn(x)
-        elif self.onehot is not None:
-            features = self.onehot(x)
-        else:
-            features = self.parts(x) if self.parts is not None else x
+        return self.heads(x, self.features(x))
+
+    def heads(self, x: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Masked logits / mean and value from ``features`` (``x``: the stored observations, for the action mask)."""
         out = self.body(features)
         logits = out[0]
         if self.mask_slice is not None:  # invalid actions get (numerically) zero probability

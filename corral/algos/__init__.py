@@ -16,6 +16,8 @@ from corral.algos.mdqn import MunchausenDQN
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
 from corral.algos.reinforce import REINFORCE, REINFORCEConfig
+from corral.algos.r2d2 import DRQN_OVERRIDES, R2D2
+from corral.algos.recurrent_ppo import RecurrentIMPALA, RecurrentPPO
 from corral.algos.sac import SAC, SACConfig
 from corral.algos.sac_discrete import SACDiscrete, SACDiscreteConfig
 from corral.algos.td3 import DDPG_OVERRIDES, TD3, TD3Config
@@ -35,6 +37,8 @@ ALGOS: dict[str, AlgoSpec] = {
                     "(discrete and continuous)"),
     "reinforce": AlgoSpec(REINFORCE, help="REINFORCE: Monte-Carlo policy gradient over whole episodes, optional "
                           "learned baseline (discrete and continuous)"),
+    "ppo_lstm": AlgoSpec(RecurrentPPO, help="PPO with a recurrent (LSTM, or GRU: ppo_lstm.recurrent=gru) "
+                         "actor-critic, trained on stored sequences"),
     "dqn": AlgoSpec(DQN, help="Deep Q-Network (discrete)"),
     "double_dqn": AlgoSpec(DQN, {"double": True}, "Double DQN"),
     "dueling_dqn": AlgoSpec(DQN, {"dueling": True}, "Dueling DQN"),
@@ -49,12 +53,16 @@ ALGOS: dict[str, AlgoSpec] = {
     "iqn": AlgoSpec(IQN, help="IQN: implicit quantile networks (discrete)"),
     "rainbow": AlgoSpec(C51, RAINBOW_OVERRIDES, "Rainbow: C51 + double + dueling + PER + n-step + noisy nets"),
     "mdqn": AlgoSpec(MunchausenDQN, help="Munchausen DQN: log-policy bonus and soft backup (discrete)"),
+    "r2d2": AlgoSpec(R2D2, help="R2D2: recurrent Q-learning from prioritized sequence replay, stored states, "
+                     "burn-in, value rescaling, n-step double Q (discrete)"),
+    "drqn": AlgoSpec(R2D2, DRQN_OVERRIDES, "DRQN: recurrent Q-learning from sequences started at zero state"),
     "ddpg": AlgoSpec(TD3, DDPG_OVERRIDES, "DDPG (continuous)"),
     "td3": AlgoSpec(TD3, help="Twin Delayed DDPG (continuous)"),
     "sac": AlgoSpec(SAC, help="Soft Actor-Critic with automatic entropy tuning (continuous)"),
     "sac_discrete": AlgoSpec(SACDiscrete, help="Soft Actor-Critic for discrete actions: categorical policy, "
                              "exact expectations over actions, twin Q(s, .) critics"),
     "impala": AlgoSpec(IMPALA, help="IMPALA: actor-critic with V-trace correction (asynchronous collectors)"),
+    "impala_lstm": AlgoSpec(RecurrentIMPALA, help="IMPALA with a recurrent (LSTM or GRU) actor-critic"),
     "appo": AlgoSpec(IMPALA, {"surrogate": True, "n_epochs": 4}, "APPO: IMPALA with PPO's clipped surrogate"),
     "apex_dqn": AlgoSpec(ApexDQN, help="Ape-X DQN: distributed prioritized replay, epsilon ladder (discrete)"),
     "apex_rainbow": AlgoSpec(ApexRainbow, help="Ape-X over C51: distributed PER, double, dueling, 3-step (discrete)"),

@@ -85,6 +85,49 @@ def map_record(record: Any, fn) -> Any:
     return type(record)(*(fn(v) for v in record))
 
 
+class Policy:
+    """What evaluation and video act with: ``policy(obs) -> env actions`` for a batch, told
+    after every env step where episodes ended (``episodes_ended``), which a recurrent policy
+    needs to reset its state there. This one wraps a stateless function."""
+
+    def __init__(self, act):
+        self._act = act
+
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._act(obs)
+
+    def episodes_ended(self, ended: torch.Tensor) -> None:
+        pass
+
+
+def as_policy(act) -> Policy:
+    """``act`` itself when it is a :class:`Policy`, else a stateless one around it."""
+    return act if isinstance(act, Policy) else Policy(act)
+
+
+class RecurrentPolicy(Policy):
+    """A recurrent algorithm's policy with its state per env copy: zeros where an episode
+    starts (the first call, and after ``episodes_ended``), carried between calls otherwise."""
+
+    def __init__(self, algo: "Algorithm", deterministic: bool = True):
+        self.algo, self.deterministic = algo, deterministic
+        self.state: torch.Tensor | None = None
+        self.starts: torch.Tensor | None = None
+
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        n = obs.shape[0]
+        if self.state is None or self.state.shape[0] != n:
+            self.state = self.algo.initial_state(n)
+            self.starts = torch.ones(n, dtype=torch.bool, device=self.state.device)
+        action, self.state = self.algo.act_recurrent(obs, self.state, self.starts, self.deterministic)
+        self.starts = torch.zeros_like(self.starts)
+        return action
+
+    def episodes_ended(self, ended: torch.Tensor) -> None:
+        if self.starts is not None:
+            self.starts = ended.to(self.starts.device, torch.bool).reshape(self.starts.shape)
+
+
 class Algorithm:
     name: ClassVar[str]
     Config: ClassVar[type]
@@ -95,6 +138,8 @@ class Algorithm:
     acting: ClassVar[tuple[str, ...]] = ("actor",)
     # Ape-X: with collectors, transitions go to a replay server, not through ``observe``
     replay_server: ClassVar[bool] = False
+    # acts from a recurrent state (``initial_state``, ``act_recurrent``; ``policy`` keeps it)
+    recurrent: ClassVar[bool] = False
     actor: torch.nn.Module
     total_steps: int = 1  # the run's step budget, set by the Learner; drives schedules like epsilon
 
@@ -139,6 +184,26 @@ class Algorithm:
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         return self.actor.act(obs, deterministic=deterministic, generator=self.rng["action"])
 
+    def episodes_ended(self, ended: torch.Tensor) -> None:
+        """Where the env's episodes ended at the step just taken (``terminated | truncated`` as
+        the env reports them), so the next observation of those columns starts a new episode.
+        The loops that call ``explore`` (the Learner, collectors) say it after every step; a
+        recurrent algorithm resets its state there."""
+
+    def policy(self, deterministic: bool = True) -> Policy:
+        """What evaluation and video act with (a recurrent algorithm's keeps its state)."""
+        return Policy(lambda obs: self.act(obs, deterministic=deterministic))
+
+    # --- recurrent algorithms (``recurrent = True``) implement these
+    def initial_state(self, batch: int) -> torch.Tensor:
+        """The recurrent state of ``batch`` new episodes ``[batch, state_dim]``."""
+        raise TypeError(f"{self.name} is not recurrent: it has no state")
+
+    def act_recurrent(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor,
+                      deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(env actions, new state)`` from ``state``, reset where ``starts``."""
+        raise TypeError(f"{self.name} is not recurrent: act with act(obs)")
+
     @property
     def at_boundary(self) -> bool:
         """True where a checkpoint holds everything (e.g. an empty rollout)."""
@@ -159,6 +224,11 @@ class Algorithm:
 
     def set_env_steps(self, env_steps: int) -> None:
         """A collector hears the run's env steps before each fragment (schedules, warm-up)."""
+
+    def replay_server_class(self) -> type | None:
+        """With ``replay_server``: the server class collectors write to (None: the transition
+        replay server, ``corral.schemes.replay_server.ReplayServer``)."""
+        return None
 
     def initial_priorities(self, fragment) -> torch.Tensor | None:
         """``[T, N]`` replay priorities a collector computes for its fragment, or None."""

@@ -64,17 +64,14 @@ class IMPALA(PPO):
     def minibatch_step(self, batch, c, clip: float):
         cfg = self.cfg
         data, last_obs, targets = batch
-        T = data.rewards.shape[0]
-        obs, actions, mu_log_prob = data.obs[:, c], data.actions[:, c], data.log_probs[:, c]
-        n = mu_log_prob.shape[1]
-        log_prob, entropy, value = self.actor.evaluate_actions(obs.flatten(0, 1), actions.flatten(0, 1))
-        log_prob, entropy, value = log_prob.view(T, n), entropy.view(T, n), value.view(T, n)
+        mu_log_prob = data.log_probs[:, c]
+        log_prob, entropy, value = self.column_outputs(data, c)
         log_rho = log_prob.detach() - mu_log_prob
         with torch.no_grad():
             # bootstrap values from the current network, in every minibatch
             truncated = data.truncated[:, c]
-            next_values = rollout_next_values(value.detach(), self.bootstrap_value(last_obs[c]), truncated,
-                                              self.final_values(truncated, data.final_obs[:, c]))
+            last_value, final_values = self.column_bootstraps(data, last_obs, c)
+            next_values = rollout_next_values(value.detach(), last_value, truncated, final_values)
             vs, pg_adv = vtrace(log_rho, data.rewards[:, c], value.detach(), next_values,
                                 data.terminated[:, c], data.truncated[:, c], cfg.gamma, cfg.rho_bar, cfg.c_bar)
             if cfg.normalize_advantage:
@@ -100,6 +97,18 @@ class IMPALA(PPO):
             self.optimizer.step()  # clips the global gradient norm, then Adam
 
         return stats, apply
+
+    def column_outputs(self, data, c):
+        """Log-probs of the stored actions, entropies and values ``[T, n]`` of the columns ``c``."""
+        T = data.rewards.shape[0]
+        obs, actions = data.obs[:, c], data.actions[:, c]
+        log_prob, entropy, value = self.actor.evaluate_actions(obs.flatten(0, 1), actions.flatten(0, 1))
+        return log_prob.view(T, -1), entropy.view(T, -1), value.view(T, -1)
+
+    def column_bootstraps(self, data, last_obs, c):
+        """V of the observation after the columns' last step ``[n]`` and V(final_obs) where
+        truncated ``[T, n]`` (0 elsewhere), with the current network."""
+        return self.bootstrap_value(last_obs[c]), self.final_values(data.truncated[:, c], data.final_obs[:, c])
 
     def explained_variance(self, batch) -> float:
         """Of the V-trace targets by the values they were computed against, over the minibatches."""

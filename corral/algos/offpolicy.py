@@ -159,8 +159,7 @@ class OffPolicy(Algorithm):
         norm = self.normalizer()
         if norm is not None:
             norm.update(step.obs)
-        # final_obs equals next_obs except where an episode ended: it is the true next state.
-        self.replay.add(step.obs, step.extras.action, step.reward, step.terminated, step.truncated, step.final_obs)
+        self.store(step)
         before = self.env_steps
         self.env_steps += self.num_envs
         self.vector_steps += 1
@@ -168,6 +167,11 @@ class OffPolicy(Algorithm):
         interval = self.cfg.target_update_interval
         if self.env_steps >= self.cfg.learning_starts and self.env_steps // interval > before // interval:
             self.target_update()
+
+    def store(self, step: Step) -> None:
+        """Put one vector step into the replay (a sequence replay cuts it into sequences)."""
+        # final_obs equals next_obs except where an episode ended: it is the true next state.
+        self.replay.add(step.obs, step.extras.action, step.reward, step.terminated, step.truncated, step.final_obs)
 
     def ready(self) -> bool:
         cfg = self.cfg

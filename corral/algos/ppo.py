@@ -336,13 +336,16 @@ class PPO(Algorithm):
         loss, stats = self.minibatch_loss(take(batch.obs), take(batch.actions), take(batch.log_probs),
                                           take(batch.values), take(batch.adv), take(batch.ret), clip,
                                           self.cfg.normalize_advantage and not batch.whole)
+        return stats, self.applier(loss)
 
+    def applier(self, loss: torch.Tensor):
+        """The callable that takes the optimizer step with ``loss``'s gradient."""
         def apply():
             self.optimizer.zero_grad()
             loss.backward()
             self.optimizer.step()  # clips the global gradient norm, then Adam
 
-        return stats, apply
+        return apply
 
     def train_minibatches(self, batch, clip: float):
         """Run the plan; returns (summed stats, minibatches evaluated, optimizer steps, extra metrics)."""

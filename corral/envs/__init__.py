@@ -3,8 +3,11 @@
 from corral.envs.base import EnvError, VecEnv
 from corral.envs.host import HostVecEnv
 from corral.envs.make import env_name, make_factory, register
+from corral.envs.masked import register_masked
 from corral.envs.sync import SyncVecEnv
 from corral.envs.vec import BACKENDS, make_vec_env
+
+register_masked()  # CartPoleNoVel-v1, PendulumNoVel-v1, ...: the velocities masked
 
 __all__ = [
     "BACKENDS",

@@ -36,6 +36,7 @@ def make_vec_env(
     num_workers: int | None = None,
     check_finite: bool = True,
     max_episode_steps: int | None = None,
+    mask_obs: tuple[int, ...] | None = None,
 ) -> HostVecEnv:
     """Build N envs for ``spec`` on ``backend``; the one entry point every caller uses.
 
@@ -57,12 +58,17 @@ def make_vec_env(
 
     ``max_episode_steps``: truncate episodes after this many agent steps (None: the env's own
     limit; Atari's is 108,000 frames). Native envs keep their built-in limit and refuse one.
+
+    ``mask_obs``: observation entries to zero (``corral.envs.masked``), for Box observations.
     """
     if num_envs < 1:
         raise UserError(f"env.num_envs must be >= 1, got {num_envs}")
     if on_error not in ("raise", "restart"):
         raise UserError(f"on_error must be 'raise' or 'restart', got {on_error!r}")
     name = env_name(spec)
+    if mask_obs and (backend in ("native", "envpool") or (isinstance(spec, str) and spec.startswith("native:"))):
+        raise UserError(f"env.mask_obs applies to sync and subproc envs, not the {backend} backend of {name!r}: "
+                        "use env.backend=sync (or native:CartPoleNoVel-v1 for a masked native CartPole)")
     if isinstance(spec, str) and (spec.startswith("native:") or backend == "native"):
         if max_episode_steps is not None:
             raise UserError(f"env {name!r}: native envs keep their built-in episode limit; an episode cap "
@@ -76,6 +82,10 @@ def make_vec_env(
     if backend not in ("sync", "subproc"):
         raise UserError(f"unknown env backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
     factory = make_factory(spec, kwargs, atari_wrappers=atari_wrappers, max_episode_steps=max_episode_steps)
+    if mask_obs:
+        from corral.envs.masked import MaskedFactory
+
+        factory = MaskedFactory(factory, mask_obs)
     if backend == "subproc":
         return SubprocVecEnv(factory, num_envs, env_id=name, device=device, num_workers=num_workers, strict=strict,
                              on_error=on_error, max_restarts=max_restarts, check_finite=check_finite)

@@ -122,6 +122,10 @@ def _play(env: gym.Env, act_fn: Callable, seed: int, max_steps: int, dev: torch.
     obs_space, act_space = env.observation_space, env.action_space
     obs_dtype = np.float32 if np.dtype(obs_space.dtype).kind == "f" else obs_space.dtype
     whole_episodes = reports_episodes(env)  # Atari: an episode is the whole game
+    from corral.algos.base import as_policy
+
+    act_fn = as_policy(act_fn)
+    act_fn.episodes_ended(torch.ones(1, dtype=torch.bool))  # a new episode (a recurrent policy resets)
     obs, _ = env.reset(seed=seed)
     total, length, raw = 0.0, 0, None
     frame(np.asarray(env.render(), dtype=np.uint8))
@@ -140,6 +144,7 @@ def _play(env: gym.Env, act_fn: Callable, seed: int, max_steps: int, dev: torch.
         length += 1
         frame(np.asarray(env.render(), dtype=np.uint8))
         if terminated or truncated:
+            act_fn.episodes_ended(torch.ones(1, dtype=torch.bool))
             raw = info.get(EPISODE_KEY)
             if raw is not None or not whole_episodes:
                 break

@@ -215,6 +215,8 @@ class Collector:
             self.obs = init["obs"].to(self.device)  # continue those episodes exactly
             if init.get("rng") is not None:
                 self.rng.load_state_dict(init["rng"])
+            if init.get("column"):  # the episodes' per-env state (a recurrent policy's state)
+                self.algo.load_column_state(init["column"])
 
     def spaces(self):
         return self.env.single_observation_space, self.env.single_action_space
@@ -229,7 +231,8 @@ class Collector:
             return None
         rng = self.rng.state_dict()
         return {"env": self.env.state_dict(), "obs": self.obs.clone(),
-                "rng": {k: rng[k] for k in ("action", "noise") if k in rng}}
+                "rng": {k: rng[k] for k in ("action", "noise") if k in rng},
+                "column": {k: v.clone() for k, v in self.algo.column_state().items()}}
 
     def collect(self, params: dict | None, version: int, env_steps: int = 0, want_state: bool = False):
         t0 = time.perf_counter()
@@ -255,6 +258,7 @@ class Collector:
                 rew[t], term[t], trunc[t] = reward, terminated, truncated
                 extras_steps.append(extras)
                 ended = terminated | truncated
+                algo.episodes_ended(ended)
                 if ended.any():
                     finals.append(info["final_obs"][ended])
                     # whole episodes only (an Atari life lost is not one), as the Learner counts them

@@ -167,7 +167,8 @@ class FragmentScheme:
             elif getattr(L.env, "copyable", False):
                 # Collector 0 continues the learner's own episodes (a run resumed from an
                 # in-process checkpoint picks up where it stopped).
-                inits[0] = {"env": L.env.state_dict(), "obs": L.obs.cpu()}
+                inits[0] = {"env": L.env.state_dict(), "obs": L.obs.cpu(),
+                            "column": {k: v.cpu() for k, v in L.algo.column_state().items()}}
             L.saved_scheme_state = None
             self.collector_states = [None] * self.K
             self.pool = self.make_pool(inits)
@@ -199,7 +200,8 @@ class FragmentScheme:
         from corral.schemes.replay_server import LocalReplay, ReplayServer
 
         algo = self.learner.algo
-        server = ReplayServer(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
+        cls = algo.replay_server_class() or ReplayServer
+        server = cls(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
         return LocalReplay(server, self.learner.device, local.capacity)
 
     def stop_replay(self) -> None:
@@ -475,8 +477,10 @@ class FragmentScheme:
                 rows = min(self.T, -(-(total - L.env_steps) // n))
                 if rows <= 0:
                     continue
-                algo.replay.add(data, rows, n)
+                algo.replay.add(data, rows, n, (meta.worker, meta.generation))
                 self.note_fragment(meta, self.version)
+                if self.fragment_callback is not None:
+                    self.fragment_callback(meta, data)
                 merge_deltas(algo.actor, meta.norm_deltas)
                 self.count_episodes(meta, rows)
                 L.add_steps(rows * n)

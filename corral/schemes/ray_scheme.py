@@ -214,10 +214,11 @@ class RayScheme(FragmentScheme):
 
     def make_replay(self, local):
         algo = self.learner.algo
-        remote = ray.remote(ReplayServer).options(num_cpus=self._cpus, max_restarts=0)
+        cls = algo.replay_server_class() or ReplayServer
+        remote = ray.remote(cls).options(num_cpus=self._cpus, max_restarts=0)
         actor = remote.remote(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
         return ReplayClient(lambda name, *args: getattr(actor, name).remote(*args), ray.get, self.learner.device,
-                            local.capacity, algo.cfg.prefetch)  # a replay-server algorithm declares it
+                            local.capacity, algo.cfg.prefetch, cls)  # a replay-server algorithm declares prefetch
 
     def close(self, failing: bool = False) -> None:
         try:

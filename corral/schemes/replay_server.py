@@ -40,16 +40,19 @@ class Ready:
         self.value = value
 
 
-def batch_fields(batch: ReplayBatch) -> dict:
+def batch_fields(batch) -> dict:
     return {f.name: getattr(batch, f.name).cpu() for f in dataclasses.fields(batch)}
 
 
-def batch_to(batch: ReplayBatch, device) -> ReplayBatch:
-    return ReplayBatch(**{f.name: getattr(batch, f.name).to(device, non_blocking=True)
+def batch_to(batch, device):
+    return type(batch)(**{f.name: getattr(batch, f.name).to(device, non_blocking=True)
                           for f in dataclasses.fields(batch)})
 
 
 class ReplayServer:
+    batch_cls = ReplayBatch
+    counts_rows = True  # a fragment of T steps of N envs adds T * N items (a client can count them itself)
+
     def __init__(self, algo_cfg, num_envs: int, obs_space, act_space, seed: int):
         torch.set_num_threads(1)
         c = algo_cfg
@@ -63,9 +66,9 @@ class ReplayServer:
         self.num_envs = num_envs
         self._order = torch.Generator().manual_seed(int(seed) + 1)  # shuffles a group's draw into batches
 
-    def add(self, data: FragmentData, rows: int | None = None) -> int:
+    def add(self, data: FragmentData, rows: int | None = None, source: Any = None) -> int:
         """Append a fragment (or its first ``rows`` steps; the last one is a boundary) and
-        set its initial priorities."""
+        set its initial priorities. ``source``: ``(collector, generation)`` it came from."""
         if rows is not None:
             data = data.head(rows)
         buf = self.buffer
@@ -94,7 +97,7 @@ class ReplayServer:
         batch = self.sample(batch_size * count, step, beta_steps)
         if count > 1:
             order = torch.randperm(batch_size * count, generator=self._order)
-            batch = ReplayBatch(**{f.name: getattr(batch, f.name)[order] for f in dataclasses.fields(batch)})
+            batch = type(batch)(**{f.name: getattr(batch, f.name)[order] for f in dataclasses.fields(batch)})
         return batch
 
     def exchange(self, indices, td_errors, batch_size: int, count: int, step: int, beta_steps: int) -> ReplayBatch:
@@ -140,8 +143,11 @@ class ReplayClient:
     both see the same sequence of adds, priority updates and draws. Batches come
     ``prefetch`` at a time with the next group's request in flight (module docstring)."""
 
-    def __init__(self, call: Callable[..., Any], get: Callable[[Any], Any], device, capacity: int, prefetch: int = 1):
+    def __init__(self, call: Callable[..., Any], get: Callable[[Any], Any], device, capacity: int, prefetch: int = 1,
+                 server_cls: type | None = None):
         self.call, self.get, self.device, self.capacity = call, get, device, capacity
+        server_cls = server_cls or ReplayServer
+        self.batch_cls, self.counts_rows = server_cls.batch_cls, server_cls.counts_rows
         self.prefetch = max(1, int(prefetch))
         self.step = 0
         self.beta_steps = 1
@@ -150,11 +156,14 @@ class ReplayClient:
         self._next = None  # (handle, batch_size) of the request in flight
         self._updates: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def add(self, data, rows: int, num_envs: int) -> None:
-        self.call("add", data, rows)
-        self.size = min(self.capacity, self.size + rows * num_envs)
+    def add(self, data, rows: int, num_envs: int, source: Any = None) -> None:
+        self.call("add", data, rows, source)
+        if self.counts_rows:
+            self.size = min(self.capacity, self.size + rows * num_envs)
 
     def can_sample(self, batch_size: int) -> bool:
+        if self.size < batch_size and not self.counts_rows:  # items per fragment vary: ask (warm-up only)
+            self.size = int(self.get(self.call("size")))
         return self.size >= batch_size
 
     def __len__(self) -> int:
@@ -212,9 +221,9 @@ class ReplayClient:
         self.get(self.call("load_state_dict", state))
         client = (state.get("server") or {}).get("client")
         if client:  # a mid-run checkpoint: the batches it had drawn and not trained on yet
-            self._queue = [ReplayBatch(**b) for b in client["queue"]]
+            self._queue = [self.batch_cls(**b) for b in client["queue"]]
             if client["next"] is not None:
-                self._next = (Ready(ReplayBatch(**client["next"])), int(client["next_size"]))
+                self._next = (Ready(self.batch_cls(**client["next"])), int(client["next_size"]))
             self.step, self.beta_steps = int(client["step"]), int(client["beta_steps"])
 
 
@@ -226,4 +235,73 @@ class LocalReplay(ReplayClient):
         if prefetch is None:
             prefetch = int(getattr(server.cfg, "prefetch", 1))
         super().__init__(lambda name, *args: getattr(server, name)(*args), lambda result: result, device, capacity,
-                         prefetch)
+                         prefetch, type(server))
+
+
+class SequenceReplayServer(ReplayServer):
+    """The replay server of a recurrent value method (R2D2): fragments are cut into
+    overlapping sequences as they arrive, one :class:`~corral.storage.sequence.SequenceWindow`
+    per collector (its columns continue across fragments; a restarted collector's window
+    starts afresh), into a :class:`~corral.storage.sequence.SequenceReplay`. New sequences
+    enter at the largest priority seen."""
+
+    counts_rows = False
+
+    def __init__(self, algo_cfg, num_envs: int, obs_space, act_space, seed: int):
+        torch.set_num_threads(1)
+        from corral.storage.replay import _obs_spec
+        from corral.storage.sequence import SequenceBatch, SequenceReplay
+
+        c = algo_cfg
+        self.cfg, self.num_envs = c, num_envs
+        self.length = c.burn_in + c.seq_len + c.n_step
+        self.period = c.seq_period or c.seq_len
+        self.state_dim = c.core_size * c.core_layers * (2 if c.recurrent == "lstm" else 1)
+        self.obs_shape, self.obs_dtype = _obs_spec(obs_space)
+        self.buffer = SequenceReplay(max(c.batch_size, c.buffer_size // self.period), self.length, self.obs_shape,
+                                     self.obs_dtype, torch.long, self.state_dim, "cpu", seed, c.prioritized,
+                                     c.per_alpha, c.per_beta, c.per_beta_final, c.per_eps)
+        self.batch_cls = SequenceBatch
+        self.windows: dict[int, tuple[int, Any]] = {}  # collector -> (generation, window)
+        self._order = torch.Generator().manual_seed(int(seed) + 1)
+
+    def _window(self, source):
+        from corral.storage.sequence import SequenceWindow
+
+        worker, generation = source if source is not None else (0, 0)
+        held = self.windows.get(worker)
+        if held is None or held[0] != generation:
+            held = (generation, SequenceWindow(self.length, self.period, self.num_envs, self.obs_shape,
+                                               self.obs_dtype, torch.long, self.state_dim, "cpu"))
+            self.windows[worker] = held
+        return held[1]
+
+    def add(self, data: FragmentData, rows: int | None = None, source: Any = None) -> int:
+        if rows is not None:
+            data = data.head(rows)
+        window, ex = self._window(source), data.extras
+        for t in range(data.length):  # the env's own flags: a fragment's end is no episode end here
+            seqs = window.add(obs=data.obs[t], action=ex.action[t], reward=data.reward[t],
+                              terminated=data.terminated[t], truncated=data.truncated[t], start=ex.start[t],
+                              state=ex.state[t])
+            if seqs is not None:
+                self.buffer.add(seqs)
+        return len(self.buffer)
+
+    def sample(self, batch_size: int, step: int, beta_steps: int):
+        self.buffer.step, self.buffer.beta_steps = step, beta_steps
+        return self.buffer.sample(batch_size)
+
+    def update_priorities(self, indices, td_errors) -> None:
+        if self.buffer.prioritized:
+            self.buffer.update_priorities(indices, td_errors)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["server"]["windows"] = {k: (g, w.state_dict()) for k, (g, w) in self.windows.items()}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        for k, (g, w) in ((state.get("server") or {}).get("windows") or {}).items():
+            self._window((int(k), g)).load_state_dict(w)

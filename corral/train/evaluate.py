@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from corral.algos.base import Policy, as_policy
 from corral.envs.base import episode_done
 from corral.errors import UserError
 
@@ -200,16 +201,22 @@ def epsilon_greedy(act: Callable[[torch.Tensor], torch.Tensor], action_space, ep
                         f"among n), got {action_space}; set eval.epsilon=0")
     if generator is None:
         raise ValueError("epsilon_greedy: epsilon > 0 needs a generator (eval_generator)")
-    n_actions, start, gdev = int(action_space.n), int(action_space.start), generator.device
+    return _EpsilonGreedy(as_policy(act), int(action_space.n), int(action_space.start), epsilon, generator)
 
-    def acting(obs: torch.Tensor) -> torch.Tensor:
-        action = act(obs)
-        n = action.shape[0]
-        random_action = torch.randint(n_actions, (n,), generator=generator, device=gdev) + start
-        explore = torch.rand(n, generator=generator, device=gdev) < epsilon
+
+class _EpsilonGreedy(Policy):
+    def __init__(self, inner: Policy, n_actions: int, start: int, epsilon: float, generator: torch.Generator):
+        self.inner, self.n_actions, self.start, self.epsilon, self.generator = inner, n_actions, start, epsilon, generator
+
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        action = self.inner(obs)  # the policy acts (and moves its state) whether or not it is overridden
+        n, g = action.shape[0], self.generator
+        random_action = torch.randint(self.n_actions, (n,), generator=g, device=g.device) + self.start
+        explore = torch.rand(n, generator=g, device=g.device) < self.epsilon
         return torch.where(explore.to(action.device), random_action.to(action.device, action.dtype), action)
 
-    return acting
+    def episodes_ended(self, ended: torch.Tensor) -> None:
+        self.inner.episodes_ended(ended)
 
 
 # ---------------------------------------------------------------------------
@@ -235,6 +242,7 @@ def play_episodes(act: Callable[[torch.Tensor], torch.Tensor], env, episodes: in
     ``max_seconds`` have passed (then the episodes finished so far). ``on_episode`` hears
     each finished episode."""
     t0 = time.perf_counter()
+    act = as_policy(act)
     n = env.num_envs
     targets = np.array([(episodes + i) // n for i in range(n)])
     if getattr(env, "device_resident", False) and episodes <= n:
@@ -253,6 +261,7 @@ def play_episodes(act: Callable[[torch.Tensor], torch.Tensor], env, episodes: in
             timed_out = True
             break
         obs, _, term, trunc, info = env.step(act(obs))
+        act.episodes_ended(term | trunc)
         done = episode_done(info, term, trunc).cpu().numpy()
         if done.any():
             ep_ret = info["episode_return"].cpu().numpy()
@@ -283,6 +292,7 @@ def _first_episodes_on_device(act, env, wanted: torch.Tensor, seed: int | None, 
     host read but one every ``check_every`` steps (are any still running? the time budget and
     ``on_episode`` are heard there too)."""
     t0 = time.perf_counter() if t0 is None else t0
+    act = as_policy(act)
     obs = env.reset(seed=seed)
     alive = wanted.clone()
     returns = torch.zeros(env.num_envs, device=env.device)
@@ -293,6 +303,7 @@ def _first_episodes_on_device(act, env, wanted: torch.Tensor, seed: int | None, 
     t = 0
     while True:
         obs, _, term, trunc, info = env.step(act(obs))
+        act.episodes_ended(term | trunc)
         done = episode_done(info, term, trunc) & alive
         returns = torch.where(done, info["episode_return"].to(returns.dtype), returns)
         lengths = torch.where(done, info["episode_length"].to(lengths.dtype), lengths)

@@ -102,7 +102,7 @@ class EvalHook:
             self.progress.eval_start(ec.episodes)
             on_episode = self.progress.eval_episode
         try:
-            result = evaluate_policy(lambda o: learner.algo.act(o, deterministic=self.protocol.deterministic),
+            result = evaluate_policy(learner.algo.policy(self.protocol.deterministic),
                                      self.env, ec.episodes, self.protocol, seed=learner.rng.env_seed("eval_env"),
                                      generator=eval_generator(learner.rng.seeds["eval_action"], learner.device),
                                      on_episode=on_episode)
@@ -158,7 +158,7 @@ class EvalHook:
         cfg = learner.cfg
         learner.algo.actor.eval()
         try:
-            gif, (h, w), _ = episode_gif(lambda o: learner.algo.act(o, deterministic=True), learner.env_spec,
+            gif, (h, w), _ = episode_gif(learner.algo.policy(True), learner.env_spec,
                                          kwargs=cfg.env.kwargs, seed=learner.rng.env_seed("eval_env"),
                                          atari_wrappers="eval" if cfg.env.atari_wrappers else False,
                                          device=learner.device)

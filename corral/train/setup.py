@@ -31,7 +31,8 @@ def make_env(cfg: C.TrainConfig, spec: Any = None, device: Any = "cpu", num_envs
     atari = ("eval" if evaluation else True) if ec.atari_wrappers else False
     cap = (max_episode_steps or cfg.eval.max_episode_steps) if evaluation else None
     return make_vec_env(spec, num_envs or ec.num_envs, env_kwargs(cfg, spec), device, ec.backend,
-                        atari_wrappers=atari, strict=ec.strict, on_error=ec.on_error, max_episode_steps=cap)
+                        atari_wrappers=atari, strict=ec.strict, on_error=ec.on_error, max_episode_steps=cap,
+                        mask_obs=ec.mask_obs)
 
 
 def env_kwargs(cfg: C.TrainConfig, spec: Any = None) -> dict:

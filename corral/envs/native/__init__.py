@@ -12,12 +12,12 @@ import difflib
 
 import torch
 
-from corral.envs.native.classic import Acrobot, CartPole, MountainCar, MountainCarContinuous, Pendulum
+from corral.envs.native.classic import Acrobot, CartPole, CartPoleNoVel, MountainCar, MountainCarContinuous, Pendulum
 from corral.envs.native.core import NativeVecEnv
 from corral.errors import UserError
 
 _CLASSES: dict[str, type[NativeVecEnv]] = {
-    cls.gym_id: cls for cls in (CartPole, Acrobot, MountainCar, MountainCarContinuous, Pendulum)
+    cls.gym_id: cls for cls in (CartPole, CartPoleNoVel, Acrobot, MountainCar, MountainCarContinuous, Pendulum)
 }
 
 NATIVE_ENVS: tuple[str, ...] = tuple(_CLASSES)

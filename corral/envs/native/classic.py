@@ -83,6 +83,17 @@ class CartPole(NativeVecEnv):
         return reward, terminated
 
 
+
+class CartPoleNoVel(CartPole):
+    """CartPole-v1 with the velocities (x_dot, theta_dot) read as 0: ``CartPoleNoVel-v1``."""
+
+    gym_id = "CartPoleNoVel-v1"
+
+    def _observe(self, s):
+        x, _, theta, _ = s
+        zero = torch.zeros_like(x)
+        return self._columns([x, zero, theta, zero])
+
 class Acrobot(NativeVecEnv):
     """Acrobot-v1 ("book" dynamics, RK4 over dt=0.2). State: theta1, theta2, dtheta1, dtheta2."""
 
