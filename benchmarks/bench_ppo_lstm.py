@@ -25,9 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
+from sb3_common import stop_at_return
 
 TARGET = 475.0
 BUDGET = 150_000
@@ -46,27 +46,11 @@ def run_corral(seed: int, sets: tuple[str, ...] = ()) -> dict:
 
 
 def run_sb3(seed: int) -> dict:
-    import corral.envs  # noqa: F401  (registers CartPoleNoVel-v1)
     from sb3_contrib import RecurrentPPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
-    class StopAt(BaseCallback):
-        def __init__(self):
-            super().__init__()
-            self.t0 = None
-            self.reached_at = None
-
-        def _on_training_start(self):
-            self.t0 = time.perf_counter()
-
-        def _on_step(self) -> bool:
-            buf = self.model.ep_info_buffer
-            if len(buf) >= 20 and sum(ep["r"] for ep in list(buf)[-20:]) / 20 >= TARGET:
-                self.reached_at = (time.perf_counter() - self.t0, self.num_timesteps)
-                return False
-            return True
+    import corral.envs  # noqa: F401  (registers CartPoleNoVel-v1)
 
     env = VecNormalize(make_vec_env(ENV, n_envs=8, seed=seed), norm_obs=True, norm_reward=False)
 
@@ -78,7 +62,7 @@ def run_sb3(seed: int) -> dict:
                          verbose=0, policy_kwargs=dict(ortho_init=False, activation_fn=torch.nn.ReLU,
                                                        lstm_hidden_size=64, enable_critic_lstm=True,
                                                        net_arch=dict(pi=[64], vf=[64])))
-    cb = StopAt()
+    cb = stop_at_return(TARGET)
     model.learn(BUDGET, callback=cb)
     if cb.reached_at is None:
         return {"seconds": None, "steps": model.num_timesteps}
@@ -100,7 +84,7 @@ def main():
         print(f"seed {seed}: " + "   ".join(
             f"{name} {row[name]['seconds'] and round(row[name]['seconds'], 2)} s ({row[name]['steps']} steps)"
             for name in runners), flush=True)
-    med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+    med = lambda xs: statistics.median(xs) if xs else float("nan")
     summary = {}
     for name in runners:
         times = [r[name]["seconds"] for r in rows if r[name]["seconds"] is not None]

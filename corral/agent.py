@@ -78,6 +78,15 @@ class Agent:
         action = action.cpu().numpy()
         return (action[0] if single else action), h.cpu().numpy()
 
+    def export(self, path: str | Path | None = None, format: str = "onnx", **kwargs) -> dict:
+        """Write the deterministic policy (normalizer and action scaling inside) as ``onnx``,
+        ``torchscript`` or ``exported-program`` and check it against this policy on sample
+        observations (``corral.export.export_agent``: input convention, parity check). Default
+        path: ``<run_dir>/policy.<ext>``. Returns what was written and the largest difference."""
+        from corral.export import export_agent
+
+        return export_agent(self, path, format, **kwargs)
+
     def save(self, path: str | Path) -> Path:
         state = dict(self._state) if self._state else {"config": C.to_dict(self.cfg), "counters": {}}
         # an acting copy (``load``) holds only the networks: the rest of the training state stays as loaded
@@ -87,12 +96,14 @@ class Agent:
 
 
 def train(algo: str, env: Any = "CartPole-v1", steps: int | None = None, seed: int = 0,
-          run_dir: str | None = None, save_run: bool = True, quiet: bool = True, **overrides) -> Agent:
+          run_dir: str | None = None, save_run: bool = True, quiet: bool = True, tag: str | None = None,
+          **overrides) -> Agent:
     """Train ``algo`` on ``env`` (an id, ``module:callable``, a class or an instance).
 
-    ``overrides`` are config keys, e.g. ``lr=1e-3`` or ``**{"env.num_envs": 4}``.
+    ``overrides`` are config keys, e.g. ``lr=1e-3`` or ``**{"env.num_envs": 4}``. ``tag``
+    names the run (``log.tag``: in the run directory's name, TensorBoard and the config).
     """
-    cfg = build_config(algo, env, steps=steps, seed=seed, overrides=overrides)
+    cfg = build_config(algo, env, steps=steps, seed=seed, overrides=overrides, tag=tag)
     path = new_run_dir(cfg, run_dir) if save_run else None
     if path:
         (path / "config.yaml").write_text(C.dump_yaml(cfg))

@@ -1,4 +1,4 @@
-"""``corral train / eval / resume / list / plot``. Everything here is reachable from the API."""
+"""``corral train / eval / resume / export / list / plot``. Everything here is reachable from the API."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _cmd_train(args) -> int:
     cfg = build_config(
         args.algo, args.env, steps=args.steps, seed=args.seed, num_envs=args.num_envs, device=args.device,
         config_file=args.config, sets=args.set or [], stop_at_return=args.stop_at_return,
-        use_preset=not args.no_preset,
+        use_preset=not args.no_preset, tag=args.tag,
     )
     if args.json:
         cfg.progress = False
@@ -124,6 +124,28 @@ def _cmd_eval(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    import corral
+    from corral.export import FORMATS, ExportError
+
+    if args.format not in FORMATS:  # before anything is loaded
+        raise UserError(f"unknown export format {args.format!r}; use one of {', '.join(FORMATS)}")
+    agent = corral.load(args.path, device="cpu")
+    try:
+        out = agent.export(args.out, format=args.format)
+    except ExportError as e:
+        print(f"corral: export failed: {e} (nothing was written)", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(out))
+    else:
+        inputs = ", ".join(f"{n} [{', '.join(map(str, shape))}] {dtype}" for n, shape, dtype in out["inputs"])
+        print(f"wrote {out['path']} ({out['format']}; inputs: {inputs}; outputs: {', '.join(out['outputs'])}); "
+              f"parity with the PyTorch policy on {out['checked_batch']} sample observations: "
+              f"max abs difference {out['max_abs_diff']:.2g}")
+    return 0
+
+
 def _protocol_text(result: dict) -> str:
     from corral.train.evaluate import EvalProtocol
 
@@ -145,10 +167,10 @@ def _cmd_list(args) -> int:
 
         spec = get_algo(args.options)
         for prefix, cls in (("", C.TrainConfig), ("env.", C.EnvConfig), ("eval.", C.EvalConfig),
-                            ("checkpoint.", C.CheckpointConfig), ("scheme.", C.SchemeConfig),
+                            ("checkpoint.", C.CheckpointConfig), ("scheme.", C.SchemeConfig), ("log.", C.LogConfig),
                             (args.options + ".", spec.cls.Config)):
             for f in dataclasses.fields(cls):
-                if f.name in ("env", "eval", "checkpoint", "scheme", "algo_cfg"):
+                if f.name in ("env", "eval", "checkpoint", "scheme", "log", "algo_cfg"):
                     continue
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 print(f"  {prefix + f.name:28s} {str(default):14s} {C.describe(f)}")
@@ -216,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     t.add_argument("--stop-at-return", type=float, help="stop when the last-20 training return reaches this")
     t.add_argument("--no-preset", action="store_true", help="ignore the (algo, env) preset")
+    t.add_argument("--tag", help="a name for the run: added to the run directory's name, recorded in TensorBoard "
+                                 "and config.yaml (log.tag)")
     t.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     t.set_defaults(fn=_cmd_train)
 
@@ -251,6 +275,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=_cmd_resume)
+
+    x = sub.add_parser("export", help="write the deterministic policy as ONNX, TorchScript or an ExportedProgram",
+                       description="Export a run's (or checkpoint's) deterministic policy, observation normalizer "
+                                   "and action scaling included, and check it against the PyTorch policy on "
+                                   "sample observations (exit 1 if they differ by more than 1e-5). "
+                                   "See docs/export.md for the input convention.")
+    x.add_argument("path", help="run directory (best, else latest checkpoint) or checkpoint file")
+    x.add_argument("--format", default="onnx", help="onnx (default), torchscript or exported-program")
+    x.add_argument("--out", help="output file (default <run_dir>/policy.onnx / .pt / .pt2)")
+    x.add_argument("--json", action="store_true", help="print what was written as JSON")
+    x.set_defaults(fn=_cmd_export)
 
     li = sub.add_parser("list", help="algorithms, presets, env families")
     li.add_argument("--options", metavar="ALGO", help="every config key of ALGO with default and help")

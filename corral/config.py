@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import sys
 import types
 import typing
@@ -27,13 +28,15 @@ from corral.errors import UserError
 
 
 def option(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
-           le: float | None = None, lt: float | None = None, also: tuple = (), **kw) -> Any:
+           le: float | None = None, lt: float | None = None, also: tuple = (), pattern: str | None = None,
+           **kw) -> Any:
     """A config field: a default, a one-line help (shown by ``corral list --options``) and,
     for numbers, a valid range: ``ge``/``gt`` and ``le``/``lt`` bounds (applied to each
     item of a tuple), plus ``also``, values outside the range with a meaning of their own
-    (``gradient_steps=-1``). ``None`` always passes where the type allows it."""
+    (``gradient_steps=-1``). ``pattern``: a regular expression a string value must match
+    whole (the help says what it admits). ``None`` always passes where the type allows it."""
     bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
-    metadata = {"help": help, "range": bounds, "also": tuple(also)}
+    metadata = {"help": help, "range": bounds, "also": tuple(also), "pattern": pattern}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata, **kw)
     return field(default=default, metadata=metadata, **kw)
@@ -99,6 +102,26 @@ class SchemeConfig:
 
 
 @dataclass
+class LogConfig:
+    """What a run writes besides ``metrics.jsonl`` and TensorBoard's scalars (docs/logging.md)."""
+
+    tag: str | None = option(None, "a name for the run, added to the run directory's name and recorded in "
+                                   "TensorBoard and the config: letters, digits, '.', '_', '-' (starting with a "
+                                   "letter or digit, at most 64), e.g. --tag lr3e-4",
+                             pattern=r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+    screenshot_every: int = option(0, "a TensorBoard image of the terminal state every this many episodes of "
+                                      "env 0 (0: off; needs an env with rgb_array rendering)", ge=0)
+    monitor_csv: bool = option(False, "write monitor/<env index>.monitor.csv per env: one row per episode "
+                                      "(return, length, time), as Stable-Baselines3's Monitor")
+    mlflow: bool = option(False, "also log the metrics to MLflow (needs corral[mlflow])")
+    mlflow_uri: str | None = option(None, "MLflow tracking URI (None: a local file store, <runs root>/mlruns)")
+    wandb: bool = option(False, "also log the metrics to Weights & Biases (needs corral[wandb])")
+    wandb_mode: Literal["offline", "online", "disabled"] = option(
+        "offline", "W&B mode: offline (files in the run directory, `wandb sync` later), online, disabled")
+    wandb_project: str = option("corral", "W&B project name")
+
+
+@dataclass
 class TrainConfig:
     algo: str = option("ppo", "algorithm name (`corral list` shows them)")
     env: EnvConfig = option(None, "environment")
@@ -113,6 +136,7 @@ class TrainConfig:
     eval: EvalConfig = option(None, "periodic evaluation")
     checkpoint: CheckpointConfig = option(None, "checkpointing")
     scheme: SchemeConfig = option(None, "where collection and gradient work run (in-process or Ray workers)")
+    log: LogConfig = option(None, "run tag, screenshots, Monitor CSV, MLflow and W&B")
     algo_cfg: Any = option(None, "the algorithm's own config (a dataclass)")
 
     def __post_init__(self):
@@ -120,6 +144,7 @@ class TrainConfig:
         self.eval = self.eval or EvalConfig()
         self.checkpoint = self.checkpoint or CheckpointConfig()
         self.scheme = self.scheme or SchemeConfig()
+        self.log = self.log or LogConfig()
 
 
 # ---------------------------------------------------------------------------
@@ -215,6 +240,9 @@ def describe(f: dataclasses.Field) -> str:
 def check_range(value: Any, f: dataclasses.Field, key: str) -> None:
     """Raise a ``UserError`` when a number (or a tuple item) is outside field ``f``'s range."""
     bounds, also = f.metadata.get("range"), f.metadata.get("also", ())
+    pattern = f.metadata.get("pattern")
+    if pattern and isinstance(value, str) and not re.fullmatch(pattern, value):
+        raise UserError(f"config {key}: {value!r} is not allowed; {f.metadata['help']}")
     if not bounds or value is None:
         return
     for v in value if isinstance(value, (tuple, list)) else (value,):
@@ -404,8 +432,10 @@ def resolve_key(cfg: TrainConfig, key: str, valid: list[str] | None = None) -> s
     valid = all_keys(cfg) if valid is None else valid
     if key in valid or key.startswith("env.kwargs."):
         return key
-    path = _bare_key(cfg, key, valid)
     section, _, leaf = key.rpartition(".")
+    if section and f"{cfg.algo}.{leaf}" in valid and section in _family(cfg.algo):
+        return f"{cfg.algo}.{leaf}"  # the family's section name: ppo.recurrent for ppo_lstm, dqn.lr for d3qn
+    path = _bare_key(cfg, key, valid)
     target = resolve_alias(leaf, cfg.algo_cfg)
     if path is None and target is not None:
         if "." in target:
@@ -419,6 +449,15 @@ def resolve_key(cfg: TrainConfig, key: str, valid: list[str] | None = None) -> s
     if path is None:
         raise UserError(_unknown_key_message(key, valid, cfg.algo_cfg))
     return path
+
+
+# Per registered algorithm, the names of the classes it is built on (``ppo_lstm``: ppo_lstm,
+# ppo); filled by the registry (``corral.algos``), so ``ppo.recurrent`` resolves for ppo_lstm.
+ALGO_FAMILIES: dict[str, set[str]] = {}
+
+
+def _family(algo: str) -> set[str]:
+    return ALGO_FAMILIES.get(algo, set())
 
 
 def _bare_key(cfg: TrainConfig, name: str, valid: list[str]) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -205,6 +206,19 @@ def fast_tanh_(z: torch.Tensor) -> torch.Tensor:
 
 
 _FUSED_ACTS = {"tanh": fast_tanh_, "relu": torch.relu_}
+
+
+@contextlib.contextmanager
+def plain_activations():
+    """Within it, ``ParallelMLP``'s tanh is ``torch.tanh_`` at every size: a traced or exported
+    graph (``corral.export``) has no branch on the batch size (``fast_tanh_``'s), at no cost
+    to the training path outside it."""
+    saved = _FUSED_ACTS["tanh"]
+    _FUSED_ACTS["tanh"] = torch.tanh_
+    try:
+        yield
+    finally:
+        _FUSED_ACTS["tanh"] = saved
 
 
 def _parallel_mlp_forward(x, act_name, act_after, params):

@@ -21,14 +21,6 @@ from corral.train.setup import build_config
 QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    return ray
-
-
 def collector(algo, env, index=0, workers=1, **overrides):
     cfg = build_config(algo, env, overrides={**QUIET, **overrides})
     return Collector(cfg, env, index, workers, paths=driver_paths())

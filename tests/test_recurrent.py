@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import corral
+from corral.algos import get_algo
 from corral.algos.base import Step
-from corral.algos.recurrent_ppo import RecurrentPPO, _Outputs, sequence_layout
 from corral.algos.ppo import ppo_loss
+from corral.algos.recurrent_ppo import _Outputs, sequence_layout
 from corral.cli import main
 from corral.envs import make_vec_env
 from corral.nets import RecurrentCore
@@ -76,16 +77,16 @@ def test_sequence_layout_cuts_columns_and_pads_the_last_sequence():
 # recurrent PPO's batch
 
 
-def filled_algo(T=7, N=3, L=3, kind="lstm", seed=0, shared=True):
-    """A recurrent PPO whose rollout holds T steps of N short CartPoles (episodes of at most
-    3 steps, so starts and truncations fall inside sequences)."""
-    cfg = build_config("ppo_lstm", "CartPole-v1", sets=[f"ppo_lstm.n_steps={T}", f"ppo_lstm.seq_len={L}",
-                                                        f"ppo_lstm.recurrent={kind}", "ppo_lstm.batch_size=6",
-                                                        "ppo_lstm.core_size=8", "ppo_lstm.hidden=[8]",
-                                                        f"ppo_lstm.shared_core={str(shared).lower()}"])
-    env = make_vec_env("envs_for_tests:short_cartpole", N, {"max_episode_steps": 3})
-    algo = RecurrentPPO(cfg.algo_cfg, env.single_observation_space, env.single_action_space, N,
-                        torch.device("cpu"), RNGStreams(seed))
+def filled_algo(T=7, N=3, L=3, kind="lstm", seed=0, shared=True, name="ppo_lstm", episode=3):
+    """A recurrent PPO (or IMPALA) whose rollout holds T steps of N short CartPoles (episodes
+    of at most 3 steps, so starts and truncations fall inside sequences)."""
+    cfg = build_config(name, "CartPole-v1", sets=[f"{name}.n_steps={T}", f"{name}.seq_len={L}",
+                                                  f"{name}.recurrent={kind}", f"{name}.batch_size=6",
+                                                  f"{name}.core_size=8", f"{name}.hidden=[8]",
+                                                  f"{name}.shared_core={str(shared).lower()}"])
+    env = make_vec_env("envs_for_tests:short_cartpole", N, {"max_episode_steps": episode})
+    algo = get_algo(name).cls(cfg.algo_cfg, env.single_observation_space, env.single_action_space, N,
+                              torch.device("cpu"), RNGStreams(seed))
     obs = env.reset(seed=seed)
     with torch.no_grad():
         for _ in range(T):
@@ -143,6 +144,21 @@ def test_truncated_steps_bootstrap_from_the_state_after_the_step(shared):
             want = algo.actor.step_outputs(data.final_obs[t, n:n + 1], after[t, n:n + 1], None)[1][0]
             torch.testing.assert_close(got[t, n], want, rtol=1e-5, atol=1e-6)
     assert (got[~data.truncated] == 0).all() and data.truncated.any()
+
+
+def test_impala_lstm_reruns_each_fragment_segment_from_its_stored_state():
+    algo = filled_algo(T=6, N=3, L=3, name="impala_lstm")  # two 3-step segments per column
+    data = algo.storage.data
+    logits, values, _ = stepped_outputs(algo)
+    c = torch.tensor([0, 2])
+    log_prob, entropy, value = algo.column_outputs(data, c)
+    params = algo.actor.head(logits)
+    ref_lp = algo.actor.head.log_prob(params, data.actions.flatten(0, 1)).view(6, 3)
+    torch.testing.assert_close(log_prob, ref_lp[:, c], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(value, values.view(6, 3)[:, c], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(entropy, algo.actor.head.entropy(params).view(6, 3)[:, c], rtol=1e-5, atol=1e-6)
+    stats = algo.update(0.0)
+    assert all(np.isfinite(v) for v in stats.values()) and "rho_mean" in stats
 
 
 def test_minibatches_shuffle_whole_sequences_and_train():
@@ -214,7 +230,7 @@ def test_agent_act_takes_and_returns_the_state_like_recurrent_ppo_predict(tmp_pa
     a2, s2 = agent.act(obs, state, episode_start=np.zeros(3, bool))
     assert np.array_equal(policy(torch.as_tensor(obs)).numpy(), a2)
     # episode_start resets the given state; a single observation works too
-    a3, s3 = agent.act(obs, s2, episode_start=np.ones(3, bool))
+    _, s3 = agent.act(obs, s2, episode_start=np.ones(3, bool))
     assert np.allclose(s3, state, atol=1e-6)
     one, one_state = agent.act(obs[0])
     assert one.shape == () and one_state.shape == (1, agent.algo.actor.state_dim)
@@ -237,7 +253,7 @@ def test_non_recurrent_agents_keep_their_act_signature(tmp_path):
 
 def test_cli_trains_a_gru_ppo_and_evaluates_it(tmp_path, capsys):
     assert main(["train", "ppo_lstm", "CartPoleNoVel-v1", "--steps", "1024", "--run-dir", str(tmp_path / "r"),
-                 "--json", "--set", "ppo_lstm.recurrent=gru", "--set", "eval.episodes=3",
+                 "--json", "--set", "ppo.recurrent=gru", "--set", "eval.episodes=3",
                  "--set", "tensorboard=false"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["env_steps"] == 1024 and summary["eval"]["episodes"] == 3
@@ -315,3 +331,71 @@ def test_ppo_lstm_solves_cartpole_novel_where_memoryless_ppo_cannot(tmp_path):
     memoryless = corral.evaluate(flat, episodes=20, seed=123)["mean_return"]
     assert lstm >= 475, (lstm, memoryless)
     assert memoryless < 200, (lstm, memoryless)
+
+
+def test_ppo_lstm_runs_on_the_native_masked_cartpole(tmp_path):
+    """The torch-batched CartPoleNoVel through the device-resident Learner loop (no host read
+    per step); the preset reaches 500 there too (82 s for 100k steps on seed 0)."""
+    agent = corral.train("ppo_lstm", "native:CartPoleNoVel-v1", steps=2048, seed=0, save_run=False, **QUIET)
+    assert agent.summary["env_steps"] == 2048 and agent.algo.updates == 8
+    assert agent.algo._state.abs().sum() > 0  # the columns carry a state between updates
+
+
+def test_ppo_burn_in_refreshes_start_states_without_gradient():
+    algo = filled_algo(T=9, N=2, L=3, episode=20)  # episodes run across the sequences' starts
+    batch = algo.prepare_batch()
+    later = torch.arange(2, batch.sequences)  # sequences that start after the rollout's first step
+    plain, _ = algo.sequence_loss(batch, later, 0.2)
+    algo.cfg.burn_in = 2
+    # with the network the rollout was collected with, burn-in recomputes exactly the stored states
+    burned, _ = algo.sequence_loss(batch, later, 0.2)
+    torch.testing.assert_close(burned, plain, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        for p in algo.actor.core.parameters():
+            p.add_(0.05)
+    algo.cfg.burn_in = 0
+    stale, _ = algo.sequence_loss(batch, later, 0.2)
+    algo.cfg.burn_in = 2
+    obs = batch.obs.clone().requires_grad_(True)
+    batch.obs = obs
+    fresh, _ = algo.sequence_loss(batch, later, 0.2)
+    assert abs(fresh.item() - stale.item()) > 1e-6  # the refreshed states differ from the stored ones
+    (grad,) = torch.autograd.grad(fresh, obs)
+    # flat rows t * 2 + n: steps 0..2 of each column only feed burn-in here (no gradient), steps 3.. do
+    assert torch.equal(grad[:6], torch.zeros_like(grad[:6]))
+    assert grad[6:].abs().sum() > 0
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_recurrent_policies_export_with_their_state(tmp_path, fmt):
+    """ppo_lstm and r2d2 export as (obs, state) -> (action, next state); the exporter's parity
+    check runs two steps (state carried) against the PyTorch policy; then the file is replayed
+    here over an episode against the agent's own stateful acting."""
+    pytest.importorskip("onnxruntime" if fmt == "onnx" else "torch")
+    for algo, sets in (("ppo_lstm", {"ppo_lstm.n_steps": 32, "ppo_lstm.batch_size": 64}),
+                       ("r2d2", {"r2d2.learning_starts": 64, "r2d2.burn_in": 2, "r2d2.seq_len": 4,
+                                 "r2d2.batch_size": 4, "r2d2.core_size": 16, "r2d2.hidden": [16]})):
+        agent = corral.train(algo, "CartPoleNoVel-v1", steps=256, seed=0, run_dir=str(tmp_path / algo),
+                             **{**QUIET, **sets})
+        out = agent.export(tmp_path / f"{algo}.{fmt}", format=fmt)
+        assert out["outputs"] == ["action", "state_out"] and out["max_abs_diff"] <= 1e-5
+        assert [name for name, *_ in out["inputs"]] == ["obs", "state"]
+        env = make_vec_env("CartPoleNoVel-v1", 1)
+        obs = env.reset(seed=7).numpy()
+        state = np.zeros((1, agent.algo.actor.state_dim), np.float32)
+        mine = None
+        if fmt == "onnx":
+            import onnxruntime as ort
+
+            sess = ort.InferenceSession(out["path"])
+            run = lambda o, s: sess.run(None, {"obs": o, "state": s})  # noqa: E731
+        else:
+            module = torch.jit.load(out["path"])
+            run = lambda o, s: [t.detach().numpy() for t in module(torch.as_tensor(o), torch.as_tensor(s))]  # noqa: E731
+        for t in range(30):
+            action, state = run(obs, state)
+            ref, mine = agent.act(obs, mine, episode_start=np.array([t == 0]))
+            assert np.array_equal(np.asarray(action).reshape(-1), np.asarray(ref).reshape(-1))
+            np.testing.assert_allclose(state, mine, atol=1e-5)
+            obs, *_ = env.step(torch.as_tensor(np.asarray(action).reshape(-1)))
+            obs = obs.numpy()

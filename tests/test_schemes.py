@@ -30,14 +30,6 @@ from corral.train.setup import build_config, new_run_dir
 QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    return ray
-
-
 def learner(algo="ppo", env="CartPole-v1", steps=2048, run_dir=None, **overrides):
     cfg = build_config(algo, env, steps=steps, overrides={**QUIET, **overrides})
     return Learner(cfg, new_run_dir(cfg, str(run_dir)) if run_dir else None, env_spec=env, quiet=True)

@@ -21,6 +21,7 @@ from corral.algos.recurrent_ppo import RecurrentIMPALA, RecurrentPPO
 from corral.algos.sac import SAC, SACConfig
 from corral.algos.sac_discrete import SACDiscrete, SACDiscreteConfig
 from corral.algos.td3 import DDPG_OVERRIDES, TD3, TD3Config
+from corral.config import ALGO_FAMILIES
 from corral.errors import UserError
 
 
@@ -71,8 +72,17 @@ ALGOS: dict[str, AlgoSpec] = {
 }
 
 
+def family_names(cls: type) -> set[str]:
+    """The ``name`` of every Algorithm class ``cls`` is built on."""
+    return {k.__dict__["name"] for k in cls.__mro__ if "name" in k.__dict__}
+
+
 def register_algo(name: str, cls: type[Algorithm], overrides: dict | None = None, help: str = "") -> None:
     ALGOS[name] = AlgoSpec(cls, dict(overrides or {}), help)
+    ALGO_FAMILIES[name] = family_names(cls)
+
+
+ALGO_FAMILIES.update({name: family_names(spec.cls) for name, spec in ALGOS.items()})
 
 
 def get_algo(name: str) -> AlgoSpec:

@@ -138,6 +138,8 @@ class Algorithm:
     acting: ClassVar[tuple[str, ...]] = ("actor",)
     # Ape-X: with collectors, transitions go to a replay server, not through ``observe``
     replay_server: ClassVar[bool] = False
+    # what that server stores: "transitions" or "sequences" (R2D2; ``corral.schemes.replay_server.SERVERS``)
+    replay_items: ClassVar[str] = "transitions"
     # acts from a recurrent state (``initial_state``, ``act_recurrent``; ``policy`` keeps it)
     recurrent: ClassVar[bool] = False
     actor: torch.nn.Module
@@ -204,6 +206,24 @@ class Algorithm:
         """``(env actions, new state)`` from ``state``, reset where ``starts``."""
         raise TypeError(f"{self.name} is not recurrent: act with act(obs)")
 
+    def export_policy(self) -> torch.nn.Module:
+        """The deterministic policy ``corral export`` writes (``corral/export.py``): a module
+        from raw flat observations to env actions, the normalizer and action scaling inside.
+        The default wraps ``actor.act(obs, deterministic=True)``. A recurrent policy returns a
+        module with ``state_specs`` (one ``corral.actors.policy.StateSpec`` per state tensor) whose
+        ``forward(obs, *state)`` returns ``(action, *next_state)``; until a recurrent algorithm
+        overrides this, exporting one is refused (its ``act`` has no state)."""
+        from corral.actors.policy import DeterministicPolicy
+
+        if self.recurrent:
+            from corral.errors import UserError
+
+            raise UserError(f"exporting {self.name} (a recurrent policy) is not built yet: it needs its state as "
+                            "inputs and outputs, through Algorithm.export_policy with state_specs "
+                            "(docs/export.md); feed-forward algorithms export today")
+
+        return DeterministicPolicy(self.actor)
+
     @property
     def at_boundary(self) -> bool:
         """True where a checkpoint holds everything (e.g. an empty rollout)."""
@@ -224,11 +244,6 @@ class Algorithm:
 
     def set_env_steps(self, env_steps: int) -> None:
         """A collector hears the run's env steps before each fragment (schedules, warm-up)."""
-
-    def replay_server_class(self) -> type | None:
-        """With ``replay_server``: the server class collectors write to (None: the transition
-        replay server, ``corral.schemes.replay_server.ReplayServer``)."""
-        return None
 
     def initial_priorities(self, fragment) -> torch.Tensor | None:
         """``[T, N]`` replay priorities a collector computes for its fragment, or None."""

@@ -97,6 +97,7 @@ class RecurrentAction(NamedTuple):
 class R2D2(RecurrentColumns, ApexMixin, DQN):
     name = "r2d2"
     Config = R2D2Config
+    replay_items = "sequences"  # with collectors, a SequenceReplayServer cuts their fragments
 
     def __init__(self, cfg: R2D2Config, obs_space, act_space, num_envs, device, rng, role="learner"):
         if cfg.noisy:
@@ -166,11 +167,6 @@ class R2D2(RecurrentColumns, ApexMixin, DQN):
             self.replay.add(seqs)
 
     # --- learning
-    def replay_server_class(self):
-        from corral.schemes.replay_server import SequenceReplayServer
-
-        return SequenceReplayServer
-
     def initial_priorities(self, fragment):
         return None  # sequences are cut on the server: they enter at the largest priority
 

@@ -46,6 +46,11 @@ class RecurrentColumns:
     def policy(self, deterministic: bool = True) -> Policy:
         return RecurrentPolicy(self, deterministic)
 
+    def export_policy(self):
+        from corral.actors.policy import RecurrentDeterministicPolicy
+
+        return RecurrentDeterministicPolicy(self.actor)
+
     def columns_state(self) -> dict:
         return {"rnn_state": self._state.clone(), "rnn_starts": self._starts.clone()}
 

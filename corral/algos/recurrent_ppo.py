@@ -20,9 +20,9 @@ import torch
 
 from corral.actors.recurrent import RecurrentActorCritic
 from corral.algos.base import Step
-from corral.algos.recurrent import RecurrentColumns
 from corral.algos.impala import IMPALA, IMPALAConfig
 from corral.algos.ppo import PPO, PPOBatch, PPOConfig, ppo_batch, ppo_loss
+from corral.algos.recurrent import RecurrentColumns
 from corral.config import option
 from corral.errors import UserError
 
@@ -35,6 +35,8 @@ class RecurrentPPOConfig(PPOConfig):
     shared_core: bool = option(True, "one core for the policy and value heads (false: the value head has its own)")
     seq_len: int | None = option(None, "steps per training sequence (None: the whole rollout column, n_steps)",
                                  ge=1)
+    burn_in: int = option(0, "steps before each sequence re-run with the current network and no gradient to "
+                             "refresh its stored start state (as far back as the rollout goes)", ge=0)
     hidden: tuple[int, ...] = option((64,), "hidden layer sizes of the policy and value heads after the core",
                                      ge=1)
 
@@ -118,6 +120,9 @@ class RecurrentPPO(RecurrentColumns, PPO):
     def scheme_config(self, collectors: int) -> dict:
         if collectors <= 1:
             return {}
+        if self.cfg.burn_in:
+            raise UserError(f"{self.name}.burn_in is not wired for collectors yet (a sequence's burn-in could reach "
+                            "into another collector's fragment); set it to 0 with scheme.collectors > 1")
         if self.cfg.n_steps % self.seq_len:
             raise UserError(f"{self.name}.seq_len={self.seq_len} must divide {self.name}.n_steps={self.cfg.n_steps} "
                             "with collectors (a sequence must not run from one collector's fragment into the next)")
@@ -187,6 +192,8 @@ class RecurrentPPO(RecurrentColumns, PPO):
         its stored state, padding dropped, then PPO's loss over the real steps."""
         rows, valid = (batch.rows, batch.valid) if idx is None else (batch.rows[:, idx], batch.valid[:, idx])
         starts, state0 = (batch.starts, batch.state0) if idx is None else (batch.starts[:, idx], batch.state0[idx])
+        if self.cfg.burn_in:
+            state0 = self.burned_in(batch, rows[0], state0)
         logits, value, _ = self.actor.sequence_outputs(batch.obs[rows], state0, starts)
         keep = valid.flatten()
         flat = rows.flatten()[keep]
@@ -195,6 +202,26 @@ class RecurrentPPO(RecurrentColumns, PPO):
                                batch.adv[flat], batch.ret[flat], clip, self.cfg,
                                self.cfg.normalize_advantage and not batch.whole)
         return loss, stats
+
+    @torch.no_grad()
+    def burned_in(self, batch: RecurrentPPOBatch, first: torch.Tensor, state0: torch.Tensor) -> torch.Tensor:
+        """The state entering each sequence (first flat rows ``first``) re-computed with the
+        current network over the ``burn_in`` steps before it (fewer where the rollout starts
+        later), from the state stored at the first of them; no gradient flows through it."""
+        N = self.num_envs
+        t0, n = first // N, first % N
+        back = t0.clamp(max=self.cfg.burn_in)
+        out = state0.clone()
+        for b in back.unique().tolist():  # sequences with as many burn-in steps go together
+            if b == 0:
+                continue
+            sel = (back == b).nonzero().flatten()
+            ts = (t0[sel] - b).unsqueeze(0) + torch.arange(b, device=self.device).unsqueeze(1)  # [b, s]
+            rows = ts * N + n[sel]
+            start_state = self.seq_states[t0[sel] - b, n[sel]]
+            _, _, out[sel] = self.actor.sequence_outputs(batch.obs[rows], start_state,
+                                                         self.seq_starts.flatten()[rows])
+        return out
 
     # --- state
     def extra_state(self):
@@ -240,10 +267,10 @@ class RecurrentIMPALA(RecurrentPPO, IMPALA):
         T, L = data.rewards.shape[0], self.seq_len
         obs = data.obs[:, c]
         n, K = obs.shape[1], T // L
-        seq = lambda t: t.reshape(K, L, n, *t.shape[2:]).transpose(0, 1).reshape(L, K * n, *t.shape[2:])  # noqa: E731
+        seq = lambda t: t.reshape(K, L, n, *t.shape[2:]).transpose(0, 1).reshape(L, K * n, *t.shape[2:])
         state0 = self.seq_states[::L, c].reshape(K * n, -1)
         logits, value, _ = self.actor.sequence_outputs(seq(obs), state0, seq(self.seq_starts[:, c]))
-        back = lambda t: t.reshape(L, K, n, *t.shape[1:]).transpose(0, 1).reshape(T * n, *t.shape[1:])  # noqa: E731
+        back = lambda t: t.reshape(L, K, n, *t.shape[1:]).transpose(0, 1).reshape(T * n, *t.shape[1:])
         params = self.actor.head(back(logits))
         actions = data.actions[:, c].flatten(0, 1)
         log_prob, entropy = self.actor.head.log_prob(params, actions), self.actor.head.entropy(params)

@@ -111,6 +111,9 @@ class FragmentScheme:
         self._lags: list[int] = []
         self._wait = 0.0
         self._sps: dict[int, float] = {}
+        # per collector since the last metrics: episode returns, fragments consumed (TensorBoard's actor/<k>/...)
+        self._actor_returns: dict[int, list[float]] = {}
+        self._actor_fragments: dict[int, int] = {}
         self.pool = None
         self.grad_pool = None
         self.fragment_callback = None  # tests: called with (meta, data) of every consumed fragment
@@ -197,10 +200,10 @@ class FragmentScheme:
         algo.replay = server
 
     def make_replay(self, local):
-        from corral.schemes.replay_server import LocalReplay, ReplayServer
+        from corral.schemes.replay_server import SERVERS, LocalReplay
 
         algo = self.learner.algo
-        cls = algo.replay_server_class() or ReplayServer
+        cls = SERVERS[algo.replay_items]
         server = cls(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
         return LocalReplay(server, self.learner.device, local.capacity)
 
@@ -305,6 +308,14 @@ class FragmentScheme:
             out["param_bytes"] = float(self.param_bytes)
             for k, sps in sorted(self._sps.items()):
                 out[f"collector{k}_sps"] = sps
+            for k, n in sorted(self._actor_fragments.items()):
+                out[f"collector{k}_fragments"] = float(n)
+            for k, rets in sorted(self._actor_returns.items()):
+                if rets:
+                    out[f"collector{k}_episode_return"] = sum(rets) / len(rets)
+                    out[f"collector{k}_episodes"] = float(len(rets))
+            self._actor_returns.clear()
+            self._actor_fragments.clear()
         self._lags.clear()
         self._wait = 0.0
         return out
@@ -327,6 +338,7 @@ class FragmentScheme:
         self.fragments += 1
         self._lags.append(version_now - meta.version)
         self._sps[meta.worker] = meta.steps / max(meta.seconds, 1e-9)
+        self._actor_fragments[meta.worker] = self._actor_fragments.get(meta.worker, 0) + 1
 
     def consume(self, meta: FragmentMeta, data: FragmentData) -> list[dict]:
         """Replay one fragment through the learner's algorithm, as the in-process loop would.
@@ -366,7 +378,11 @@ class FragmentScheme:
 
     def count_episodes(self, meta: FragmentMeta, fed: int) -> None:
         """The episodes that ended in the first ``fed`` steps of a fragment."""
-        self.learner.add_episodes([r for t, r, _ in meta.episodes if t < fed], [n for t, _, n in meta.episodes if t < fed])
+        returns = [r for t, r, _ in meta.episodes if t < fed]
+        self.learner.add_episodes(returns, [n for t, _, n in meta.episodes if t < fed])
+        self._actor_returns.setdefault(meta.worker, []).extend(returns)
+        if self.learner.episode_log is not None and returns:
+            self.learner.episode_log(f"c{meta.worker}", returns, [n for t, _, n in meta.episodes if t < fed])
 
     def _fragment(self, k, meta, data):
         """The fragment's data here, or None when fetching it shows the collector failed."""

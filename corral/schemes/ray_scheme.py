@@ -25,7 +25,7 @@ from corral.errors import UserError
 from corral.schemes.fragments import CollectorFailed, FragmentScheme
 from corral.schemes.collector import Collector, driver_paths, portable_env_spec
 from corral.schemes.grad import GradientWorker
-from corral.schemes.replay_server import ReplayClient, ReplayServer
+from corral.schemes.replay_server import SERVERS, ReplayClient
 
 START_TIMEOUT_S = 300.0
 
@@ -214,7 +214,7 @@ class RayScheme(FragmentScheme):
 
     def make_replay(self, local):
         algo = self.learner.algo
-        cls = algo.replay_server_class() or ReplayServer
+        cls = SERVERS[algo.replay_items]
         remote = ray.remote(cls).options(num_cpus=self._cpus, max_restarts=0)
         actor = remote.remote(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
         return ReplayClient(lambda name, *args: getattr(actor, name).remote(*args), ray.get, self.learner.device,

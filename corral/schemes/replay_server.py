@@ -305,3 +305,6 @@ class SequenceReplayServer(ReplayServer):
         super().load_state_dict(state)
         for k, (g, w) in ((state.get("server") or {}).get("windows") or {}).items():
             self._window((int(k), g)).load_state_dict(w)
+
+
+SERVERS = {"transitions": ReplayServer, "sequences": SequenceReplayServer}  # by ``Algorithm.replay_items``

@@ -40,7 +40,7 @@ class SequenceBatch:
     weights: torch.Tensor  # [B] importance weights (ones when uniform)
     indices: torch.Tensor  # [B] slots, for update_priorities
 
-    def split(self, size: int) -> list["SequenceBatch"]:
+    def split(self, size: int) -> list[SequenceBatch]:
         parts = [getattr(self, f.name).split(size) for f in fields(self)]
         return [SequenceBatch(*p) for p in zip(*parts)]
 
@@ -55,7 +55,7 @@ class SequenceWindow:
             raise ValueError(f"sequence period must be in 1..{length} (the sequence length), got {period}")
         S, N = length, num_envs
         self.length, self.period = S, period
-        z = lambda *shape, dtype=torch.float32: torch.zeros((S, N, *shape), dtype=dtype, device=device)  # noqa: E731
+        z = lambda *shape, dtype=torch.float32: torch.zeros((S, N, *shape), dtype=dtype, device=device)
         self.rows = {"obs": z(*obs_shape, dtype=obs_dtype), "action": z(dtype=action_dtype), "reward": z(),
                      "terminated": z(dtype=torch.bool), "truncated": z(dtype=torch.bool),
                      "start": z(dtype=torch.bool), "state": z(state_dim)}

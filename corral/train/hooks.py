@@ -18,17 +18,46 @@ if TYPE_CHECKING:
 
 
 class MetricsHook:
-    """Writes metrics.jsonl and TensorBoard scalars every ``log_every`` env steps."""
+    """Writes metrics.jsonl (flat names) and TensorBoard scalars (grouped: ``learner/``,
+    ``actor/<k>/``, ``scheme/``, ``train/``, ``eval/``; ``corral.train.loggers.board_tag``)
+    every ``log_every`` env steps, and the same to MLflow / W&B when ``log.mlflow`` /
+    ``log.wandb`` are on. Also owns the run's Monitor CSVs and terminal screenshots."""
 
     def __init__(self, learner: "Learner"):
+        from corral.train import loggers
+
+        lc = learner.cfg.log
         self.every = max(1, learner.cfg.log_every)
         self.next = learner.env_steps + self.every
         self.file = open(learner.run_dir / "metrics.jsonl", "a") if learner.run_dir else None
         self.tb = None
+        self.extra: list = []  # MLflow, W&B
+        self.monitor = None
+        self.screens = None
         if learner.run_dir and learner.cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(learner.run_dir / "tb"))
+            if learner.env_steps == 0:
+                self.tb.add_text("run/config", "```\n" + _config_yaml(learner.cfg) + "```", 0)
+                if lc.tag:
+                    self.tb.add_text("run/tag", lc.tag, 0)
+        if learner.run_dir:
+            try:
+                if lc.mlflow:
+                    self.extra.append(loggers.MLflowLogger(learner))
+                if lc.wandb:
+                    self.extra.append(loggers.WandbLogger(learner))
+                if lc.monitor_csv:
+                    self.monitor = loggers.MonitorCSV(learner.run_dir, str(learner.cfg.env.id))
+                    learner.episode_log = self.monitor.add
+                if lc.screenshot_every > 0:
+                    self.screens = loggers.TerminalScreenshots(learner, lc.screenshot_every)
+            except BaseException:
+                self.close_writers(failed=True)
+                raise
+        self.board_tag = loggers.board_tag
+        self.optimizer_lr = loggers.optimizer_lr
         self.last_steps, self.last_time = learner.env_steps, time.perf_counter()
 
     def write(self, learner: "Learner", record: dict) -> None:
@@ -37,13 +66,26 @@ class MetricsHook:
         if self.file:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
-        if self.tb:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+        if self.tb or self.extra:
+            scalars = {self.board_tag(k): float(v) for k, v in record.items()
+                       if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
+            if self.tb:
+                for k, v in scalars.items():
                     self.tb.add_scalar(k, v, learner.env_steps)
+            for logger in self.extra:
+                logger.log(scalars, learner.env_steps)
+
+    def write_screenshots(self, learner: "Learner") -> None:
+        for episode, terminated, frame in self.screens.take():
+            if self.tb is not None and frame.ndim == 3:
+                self.tb.add_image("screenshots/terminal", frame, learner.env_steps, dataformats="HWC")
+                self.tb.add_text("screenshots/terminal_info", f"episode {episode} of env 0, "
+                                 f"{'terminated' if terminated else 'truncated'}", learner.env_steps)
 
     def __call__(self, learner: "Learner", stats: dict, final: bool = False) -> None:
         self.stats = stats
+        if self.screens is not None:
+            self.write_screenshots(learner)
         if learner.env_steps < self.next and not final:
             return
         self.next = learner.env_steps + self.every
@@ -55,7 +97,12 @@ class MetricsHook:
             "steps_per_second": sps,
             "time": learner.train_seconds,
             **{k: v for k, v in stats.items()},
+            "updates": learner.updates,
         }
+        if "lr" not in record:
+            lr = self.optimizer_lr(learner.algo)
+            if lr is not None:
+                record["lr"] = lr
         if learner.new_returns:
             record["episode_return"] = sum(learner.new_returns) / len(learner.new_returns)
             record["episode_length"] = sum(learner.new_lengths) / len(learner.new_lengths)
@@ -68,10 +115,25 @@ class MetricsHook:
     def close(self, learner: "Learner") -> None:
         if learner.env_steps > self.last_steps and not learner.failed:
             self(learner, getattr(self, "stats", {}), final=True)
+        self.close_writers(learner.failed)
+
+    def close_writers(self, failed: bool) -> None:
         if self.file:
             self.file.close()
+            self.file = None
         if self.tb:
             self.tb.close()
+        if self.monitor is not None:
+            self.monitor.close()
+        for logger in self.extra:
+            logger.close(failed)
+        self.extra = []
+
+
+def _config_yaml(cfg) -> str:
+    from corral import config as C
+
+    return C.dump_yaml(cfg)
 
 
 class EvalHook:

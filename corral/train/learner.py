@@ -68,6 +68,7 @@ class Learner:
     # counters (all in the checkpoint)
     env_steps: int = 0
     episodes: int = 0
+    updates: int = 0
     train_seconds: float = 0.0
     best_eval: float = -math.inf
     next_eval: int | None = None
@@ -85,6 +86,9 @@ class Learner:
     eval_seconds: float = 0.0  # of this process's evaluations (within train_seconds)
     eval_history: list = field(default_factory=list)  # {"step", "eval_return", "train_seconds" without evals}
     failed: bool = False
+    # called as episode_log(name, returns, lengths) with the episodes that ended, per env
+    # ("0", "1", ...) in-process, per collector ("c0", ...) with Ray (Monitor CSVs: log.monitor_csv)
+    episode_log: Any = None
 
     def __post_init__(self):
         cfg = self.cfg
@@ -106,6 +110,9 @@ class Learner:
         for norm in self._norms:
             norm.defer_checks = self.device_resident
         self.obs = self.env.reset(seed=self.rng.env_seed())
+        from corral.train.loggers import check_log_config
+
+        check_log_config(self)
 
     # --- bookkeeping: every loop (in-process, collectors' fragments, replay servers) counts here
     def add_steps(self, n: int) -> None:
@@ -146,17 +153,29 @@ class Learner:
             if tally is None:
                 if done.any():
                     self.add_episodes(info["episode_return"][done].tolist(), info["episode_length"][done].tolist())
+                    if self.episode_log is not None:
+                        self.log_env_episodes(done, info)
             elif tally.add(done, info["episode_return"], info["episode_length"]):
-                self.add_episodes(*tally.flush())
+                self.add_tallied(tally)
             if algo.ready():
                 if tally is not None:
-                    self.add_episodes(*tally.flush())
+                    self.add_tallied(tally)
                     self.check_finite()
                 stats = algo.update(min(1.0, self.env_steps / total))
                 yield stats
                 obs = self.obs
         if tally is not None:
-            self.add_episodes(*tally.flush())
+            self.add_tallied(tally)
+
+    def add_tallied(self, tally: EpisodeTally) -> None:
+        returns, lengths = tally.flush()
+        self.add_episodes(returns, lengths)
+        if self.episode_log is not None and returns:
+            self.episode_log("all", returns, lengths)  # a device-resident run's episodes, not per env
+
+    def log_env_episodes(self, done: torch.Tensor, info: dict) -> None:
+        for i in done.nonzero().flatten().tolist():
+            self.episode_log(str(i), [float(info["episode_return"][i])], [int(info["episode_length"][i])])
 
     def check_finite(self) -> None:
         """The deferred input checks of a device-resident run's normalizers."""
@@ -203,6 +222,7 @@ class Learner:
             for stats in self.make_stream():
                 self.train_seconds = time.perf_counter() - start
                 updates += 1
+                self.updates += 1
                 for hook in hooks:
                     hook(self, stats)
                 if self.stop:
@@ -261,6 +281,7 @@ class Learner:
             "counters": {
                 "env_steps": self.env_steps,
                 "episodes": self.episodes,
+                "updates": self.updates,
                 "train_seconds": self.train_seconds,
                 "best_eval": self.best_eval if math.isfinite(self.best_eval) else None,
                 "next_eval": self.next_eval,
@@ -290,6 +311,7 @@ class Learner:
         c = state["counters"]
         self.env_steps = int(c["env_steps"])
         self.episodes = int(c["episodes"])
+        self.updates = int(c.get("updates", 0))  # checkpoints before the update count was kept: 0
         self.train_seconds = float(c["train_seconds"])
         self.best_eval = -math.inf if c["best_eval"] is None else float(c["best_eval"])
         self.next_eval, self.next_ckpt = c["next_eval"], c["next_ckpt"]
@@ -300,8 +322,11 @@ class Learner:
             if self.cfg.scheme.collectors > 1:
                 self.saved_scheme_state = collectors  # the scheme hands them out, one per collector
             if collectors[0].get("env") is not None and collectors[0]["obs"].shape == self.obs.shape:
-                # in-process (or another collector count): collector 0's episodes go on here
+                # in-process (or another collector count): collector 0's episodes go on here,
+                # with its per-env state (a recurrent policy's memory of them)
                 env_state, obs = collectors[0]["env"], collectors[0]["obs"]
+                if self.algo.recurrent and collectors[0].get("column"):
+                    self.algo.load_column_state(collectors[0]["column"])
         if self.env.load_state_dict(env_state):
             self.obs = obs.to(self.device)
         else:

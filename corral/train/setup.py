@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import torch
 
 from corral import config as C
@@ -39,6 +40,10 @@ def env_kwargs(cfg: C.TrainConfig, spec: Any = None) -> dict:
     """``env.kwargs`` with the options that become env arguments (``env.repeat_action_probability``)."""
     ec = cfg.env
     kwargs = dict(ec.kwargs)
+    spec_ = spec if spec is not None else ec.id
+    if cfg.log.screenshot_every > 0 and "render_mode" not in kwargs and isinstance(spec_, str) \
+            and (spec_ in gym.registry or _is_atari(spec_)):
+        kwargs["render_mode"] = "rgb_array"  # screenshots of terminal states (log.screenshot_every)
     sticky = ec.repeat_action_probability
     if sticky is not None:
         spec = spec if spec is not None else ec.id
@@ -112,6 +117,7 @@ def build_config(
     overrides: dict | None = None,
     stop_at_return: float | None = None,
     use_preset: bool = True,
+    tag: str | None = None,
 ) -> C.TrainConfig:
     """Defaults < algorithm variant < preset < config file < explicit arguments < --set."""
     spec = get_algo(algo)
@@ -128,7 +134,8 @@ def build_config(
             raise UserError(f"config file {config_file!r} is for algorithm {data['algo']!r}, not {algo!r}")
         C.apply_dict(cfg, data)
         cfg.env.id = env_id
-    for name, value in (("steps", steps), ("seed", seed), ("device", device), ("stop_at_return", stop_at_return)):
+    for name, value in (("steps", steps), ("seed", seed), ("device", device), ("stop_at_return", stop_at_return),
+                        ("log.tag", tag)):
         if value is not None:
             C.apply_set(cfg, [(name, value)])
     if num_envs is not None:
@@ -144,11 +151,12 @@ def new_run_dir(cfg: C.TrainConfig, run_dir: str | None, root: str = "runs") -> 
     if run_dir is None:
         safe_env = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.id)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = Path(root) / f"{cfg.algo}-{safe_env}-s{cfg.seed}-{stamp}"
+        tag = f"-{cfg.log.tag}" if cfg.log.tag else ""  # checked where it was set: safe in a file name
+        path = Path(root) / f"{cfg.algo}-{safe_env}{tag}-s{cfg.seed}-{stamp}"
         n = 1
         while path.exists():
             n += 1
-            path = Path(root) / f"{cfg.algo}-{safe_env}-s{cfg.seed}-{stamp}-{n}"
+            path = Path(root) / f"{cfg.algo}-{safe_env}{tag}-s{cfg.seed}-{stamp}-{n}"
     else:
         path = Path(run_dir)
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
