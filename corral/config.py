@@ -322,6 +322,7 @@ def all_keys(cfg: Any, prefix: str = "") -> list[str]:
 # exploration_final_eps, ...) need no entry. docs/config.md has this table for users.
 _PPO = "PPOConfig"  # IMPALA's config is a PPOConfig too
 _REPLAY = "OffPolicyConfig"
+_PG = "PolicyGradientConfig"  # A2C's and REINFORCE's
 ALIASES: dict[str, str | dict[str, str | None]] = {
     "learning_rate": "lr",
     "grad_clip": "max_grad_norm",
@@ -339,15 +340,16 @@ ALIASES: dict[str, str | dict[str, str | None]] = {
     "num_epochs": {_PPO: "n_epochs"},
     "sgd_minibatch_size": {_PPO: "batch_size"},
     "minibatch_size": {_PPO: "batch_size"},
-    "lambda": {_PPO: "gae_lambda"},
-    "lambda_": {_PPO: "gae_lambda"},
+    "lambda": {_PPO: "gae_lambda", "A2CConfig": "gae_lambda"},
+    "lambda_": {_PPO: "gae_lambda", "A2CConfig": "gae_lambda"},
     "clip_param": {_PPO: "clip_range"},
     "vf_clip_param": {_PPO: "clip_range_vf"},
-    "entropy_coeff": {_PPO: "ent_coef"},
-    "vf_loss_coeff": {_PPO: "vf_coef"},
+    "entropy_coeff": {_PPO: "ent_coef", _PG: "ent_coef"},
+    "vf_loss_coeff": {_PPO: "vf_coef", _PG: "vf_coef"},
     "kl_target": {_PPO: None},
     "vtrace_clip_rho_threshold": {"IMPALAConfig": "rho_bar"},
-    "rollout_fragment_length": {_PPO: "n_steps", "ApexDQNConfig": "rollout_fragment",
+    "rms_prop_eps": {_PG: "eps"},  # SB3's A2C (its use_rms_prop is a2c.optimizer)
+    "rollout_fragment_length": {_PPO: "n_steps", "A2CConfig": "n_steps", "ApexDQNConfig": "rollout_fragment",
                                 "ApexTD3Config": "rollout_fragment", _REPLAY: None},
     "train_batch_size": {_PPO: None, _REPLAY: "batch_size"},
     "target_network_update_freq": {_REPLAY: "target_update_interval"},

@@ -102,3 +102,43 @@ class FlatAdam:
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
         self.steps = int(state["steps"])
         self.lr, self.betas, self.eps = float(state["lr"]), tuple(state["betas"]), float(state["eps"])
+
+
+class FlatRMSprop(FlatAdam):
+    """RMSprop (Tieleman & Hinton 2012) on FlatAdam's flat layout (parameter and gradient views,
+    ``zero_grad``, global-norm clipping), with ``torch.optim.RMSprop``'s math (``centered=False``,
+    no momentum, eps outside the square root), which is what SB3's A2C uses:
+
+        square_avg = alpha * square_avg + (1 - alpha) * g^2
+        param     -= lr * g / (sqrt(square_avg) + eps)
+
+    ``tests/test_policy_onpolicy.py`` checks it against ``torch.optim.RMSprop`` step by step."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float = 7e-4, alpha: float = 0.99,
+                 eps: float = 1e-5, max_grad_norm: float | None = None):
+        super().__init__(params, lr=lr, eps=eps, max_grad_norm=max_grad_norm)
+        del self.exp_avg  # RMSprop keeps one running average: exp_avg_sq
+        self.alpha = alpha
+
+    @torch.no_grad()
+    def step(self) -> torch.Tensor | None:
+        norm = None
+        if self.max_grad_norm is not None:
+            norm = self.grad.norm()
+            self.grad.mul_((self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))
+        self.steps += 1
+        self.exp_avg_sq.mul_(self.alpha).addcmul_(self.grad, self.grad, value=1.0 - self.alpha)
+        self.flat.addcdiv_(self.grad, self.exp_avg_sq.sqrt().add_(self.eps), value=-self.lr)
+        return norm
+
+    def state_dict(self) -> dict:
+        return {"square_avg": self.exp_avg_sq.clone(), "steps": self.steps, "lr": self.lr, "alpha": self.alpha,
+                "eps": self.eps}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["square_avg"].shape != self.exp_avg_sq.shape:
+            raise ValueError(f"optimizer state has {state['square_avg'].numel()} entries, "
+                             f"this model {self.exp_avg_sq.numel()}")
+        self.exp_avg_sq.copy_(state["square_avg"])
+        self.steps = int(state["steps"])
+        self.lr, self.alpha, self.eps = float(state["lr"]), float(state["alpha"]), float(state["eps"])

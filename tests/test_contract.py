@@ -26,6 +26,8 @@ ALGOS = {  # name: (obs space, action space, config overrides)
     "ppo": (BOX, gym.spaces.Discrete(2), {}),
     "ppo_lstm": (BOX, gym.spaces.Discrete(2), {}),
     "impala": (BOX, gym.spaces.Discrete(2), {}),
+    "a2c": (BOX, gym.spaces.Discrete(2), {}),
+    "reinforce": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {}),
     "dqn": (BOX, gym.spaces.Discrete(2), {"buffer_size": 64}),
     "apex_dqn": (BOX, gym.spaces.Discrete(2), {"buffer_size": 64}),
     **{name: (BOX, gym.spaces.Discrete(2), {"buffer_size": 64})

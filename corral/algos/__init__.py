@@ -7,6 +7,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.algos.a2c import A2C, A2CConfig
 from corral.algos.apex import ApexDQN, ApexRainbow, ApexTD3
 from corral.algos.base import Algorithm
 from corral.algos.distributional import C51, IQN, QRDQN, RAINBOW_OVERRIDES
@@ -14,6 +15,7 @@ from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.mdqn import MunchausenDQN
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
+from corral.algos.reinforce import REINFORCE, REINFORCEConfig
 from corral.algos.r2d2 import DRQN_OVERRIDES, R2D2
 from corral.algos.recurrent_ppo import RecurrentIMPALA, RecurrentPPO
 from corral.algos.sac import SAC, SACConfig
@@ -32,6 +34,10 @@ class AlgoSpec:
 
 ALGOS: dict[str, AlgoSpec] = {
     "ppo": AlgoSpec(PPO, help="Proximal Policy Optimization (discrete and continuous)"),
+    "a2c": AlgoSpec(A2C, help="A2C: synchronous advantage actor-critic, n-step returns or GAE, RMSprop "
+                    "(discrete and continuous)"),
+    "reinforce": AlgoSpec(REINFORCE, help="REINFORCE: Monte-Carlo policy gradient over whole episodes, optional "
+                          "learned baseline (discrete and continuous)"),
     "ppo_lstm": AlgoSpec(RecurrentPPO, help="PPO with a recurrent (LSTM, or GRU: ppo_lstm.recurrent=gru) "
                          "actor-critic, trained on stored sequences"),
     "dqn": AlgoSpec(DQN, help="Deep Q-Network (discrete)"),
@@ -88,5 +94,5 @@ def get_algo(name: str) -> AlgoSpec:
         raise UserError(f"unknown algorithm {name!r}{hint}") from None
 
 
-__all__ = ["ALGOS", "AlgoSpec", "Algorithm", "DQN", "DQNConfig", "PPO", "PPOConfig", "SAC", "SACConfig", "SACDiscrete",
+__all__ = ["A2C", "A2CConfig", "ALGOS", "AlgoSpec", "Algorithm", "REINFORCE", "REINFORCEConfig", "DQN", "DQNConfig", "PPO", "PPOConfig", "SAC", "SACConfig", "SACDiscrete",
            "SACDiscreteConfig", "TD3", "TD3Config", "get_algo", "register_algo"]

@@ -103,7 +103,7 @@ def ppo_batch(cfg: PPOConfig, data, last_value: torch.Tensor):
         advantages, returns = gae(data.rewards, data.values, next_values, data.terminated,
                                   data.truncated, cfg.gamma, cfg.gae_lambda)
     adv, ret = advantages.flatten(), returns.flatten()
-    full_batch = cfg.batch_size >= adv.shape[0]
+    full_batch = cfg.batch_size <= 0 or cfg.batch_size >= adv.shape[0]  # 0: the whole rollout (A2C)
     if full_batch and cfg.normalize_advantage:
         adv = normalized(adv)
     return data.flatten(), adv, ret, full_batch
@@ -221,8 +221,7 @@ class PPO(Algorithm):
             self.actor = self.make_actor().to(device)
         self.ret_norm = RunningNormalizer((), enabled=cfg.normalize_reward).to(device)
         self._disc_return = torch.zeros(num_envs, device=device)
-        self.optimizer = (FlatAdam(self.actor.parameters(), lr=cfg.lr, eps=cfg.adam_eps,
-                                   max_grad_norm=cfg.max_grad_norm) if self.learns else None)
+        self.optimizer = self.make_optimizer() if self.learns else None
         self.storage = None
         if self.stores:
             obs_shape, obs_dtype = self.actor.stored_obs()
@@ -237,6 +236,12 @@ class PPO(Algorithm):
         cfg = self.cfg
         return ActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs,
                            cfg.log_std_init)
+
+    def make_optimizer(self):
+        """The one optimizer over the actor-critic (A2C picks RMSprop here). A flat optimizer
+        (``corral.optim``): gradient workers send gradients in its layout."""
+        cfg = self.cfg
+        return FlatAdam(self.actor.parameters(), lr=cfg.lr, eps=cfg.adam_eps, max_grad_norm=cfg.max_grad_norm)
 
     # --- hooks
     def fragment_length(self) -> int:

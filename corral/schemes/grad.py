@@ -33,6 +33,7 @@ import dataclasses
 
 import torch
 
+from corral.algos.a2c import A2C
 from corral.algos.offpolicy import OffPolicy
 from corral.algos.ppo import PPO, PPOBatch
 from corral.errors import TrainingError, UserError
@@ -345,8 +346,11 @@ class ShardedOffPolicy:
 def sharded_class(algo) -> type:
     if type(algo) is PPO:
         return ShardedPPO
+    if isinstance(algo, A2C):  # and REINFORCE: PPO's loop with their own loss (``minibatch_loss``)
+        cls = type(algo)
+        return type(f"Sharded{cls.__name__}", (ShardedPPO, cls), {"name": cls.name, "Config": cls.Config})
     if isinstance(algo, OffPolicy):
         cls = type(algo)
         return type(f"Sharded{cls.__name__}", (ShardedOffPolicy, cls), {"name": cls.name, "Config": cls.Config})
-    raise UserError(f"scheme.grad_workers > 1 is wired for ppo, a2c and the replay algorithms, not {algo.name}; "
+    raise UserError(f"scheme.grad_workers > 1 is wired for ppo, a2c, reinforce and the replay algorithms, not {algo.name}; "
                     "set scheme.grad_workers=1 (collectors scale collection for every algorithm)")
