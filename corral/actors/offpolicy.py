@@ -154,7 +154,11 @@ class SquashedGaussianActor(nn.Module):
 
     def forward(self, x: torch.Tensor, generator=None, deterministic: bool = False, noise=None):
         """(action in [-1, 1], log-prob); the standard normal draw is ``noise`` when given."""
-        mean, log_std = self.net(x).chunk(2, dim=-1)
+        return self.squash(self.net(x), generator, deterministic, noise)
+
+    def squash(self, out: torch.Tensor, generator=None, deterministic: bool = False, noise=None):
+        """The action and its log-prob from the network's output (mean and log std)."""
+        mean, log_std = out.chunk(2, dim=-1)
         if deterministic:
             return torch.tanh(mean), None
         log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
@@ -181,20 +185,23 @@ class Critics(nn.Module):
     observations; otherwise they see the actor encoder's output (``view`` picks)."""
 
     def __init__(self, obs_dim: int, act_dim: int, n: int = 2, hidden=(256, 256), activation="relu",
-                 obs_space: gym.spaces.Box | None = None):
+                 obs_space: gym.spaces.Box | None = None, n_out: int = 1):
         super().__init__()
         self.n = n
+        self.n_out = n_out  # > 1: each critic outputs that many values (TQC's quantiles), ``[n, B, n_out]``
         self.enc = ObsEncoder(obs_space, False) if obs_space is not None else None
         if self.enc is not None:
             obs_dim = self.enc.dim
-        self.net = ParallelMLP(n, obs_dim + act_dim, hidden, activation, out_dim=1,
+        self.net = ParallelMLP(n, obs_dim + act_dim, hidden, activation, out_dim=n_out,
                                out_gains=tuple([1.0] * n))
 
     def view(self, raw: torch.Tensor, encoded: torch.Tensor) -> torch.Tensor:
         """What ``forward`` takes: raw observations for an own encoder, else the actor encoder's output."""
         return raw if self.enc is not None else encoded
 
-    def forward(self, x: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, action: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        """``[n, B]`` (``[n, B, n_out]`` for several outputs); ``members``: only those critics."""
         if self.enc is not None:
             x = self.enc(x)
-        return self.net(torch.cat([x, action], dim=-1)).squeeze(-1)
+        out = self.net(torch.cat([x, action], dim=-1), members)
+        return out.squeeze(-1) if self.n_out == 1 else out

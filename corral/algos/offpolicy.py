@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -68,6 +68,9 @@ class OffPolicyConfig:
 
 
 class OffPolicy(Algorithm):
+    # whether gradient workers may split a step's batch (not where a loss reads batch statistics: CrossQ)
+    shardable: ClassVar[bool] = True
+
     def __init__(self, cfg: OffPolicyConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
         self.env_steps = 0

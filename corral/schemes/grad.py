@@ -345,6 +345,9 @@ class ShardedOffPolicy:
 def sharded_class(algo) -> type:
     if type(algo) is PPO:
         return ShardedPPO
+    if isinstance(algo, OffPolicy) and not algo.shardable:
+        raise UserError(f"scheme.grad_workers > 1 splits each batch, and {algo.name}'s loss reads the statistics of "
+                        "the whole batch (batch renorm); set scheme.grad_workers=1")
     if isinstance(algo, OffPolicy):
         cls = type(algo)
         return type(f"Sharded{cls.__name__}", (ShardedOffPolicy, cls), {"name": cls.name, "Config": cls.Config})
