@@ -26,6 +26,7 @@ from corral.actors.normed import RenormCritics, RenormSquashedGaussianActor
 from corral.algos.sac import SAC, SACConfig
 from corral.config import option
 from corral.errors import UserError
+from corral.nets import is_image_space
 from corral.optim import FlatAdam
 
 
@@ -49,17 +50,19 @@ class CrossQ(SAC):
     networks = ("actor", "critics")  # no target network
     shardable = False
 
+    def __init__(self, cfg: CrossQConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
+        if is_image_space(obs_space):  # before the replay is sized for images
+            raise UserError(f"crossq takes vector observations, got images {obs_space.shape}; use sac for pixels")
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
+
     def _renorm(self) -> dict:
         cfg = self.cfg
         return dict(momentum=cfg.bn_momentum, eps=cfg.bn_eps, warmup=cfg.bn_warmup, r_max=cfg.r_max, d_max=cfg.d_max)
 
     def make_actor(self):
         cfg = self.cfg
-        try:
-            return RenormSquashedGaussianActor(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
-                                               cfg.normalize_obs, **self._renorm())
-        except ValueError as e:
-            raise UserError(f"crossq: {e}; crossq takes vector observations (use sac for pixels)") from None
+        return RenormSquashedGaussianActor(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
+                                           cfg.normalize_obs, **self._renorm())
 
     def make_critics(self, actor):
         cfg = self.cfg
