@@ -46,22 +46,27 @@ class BatchRenorm(nn.Module):
         self.momentum, self.eps, self.warmup, self.r_max, self.d_max = momentum, eps, warmup, r_max, d_max
 
     def forward(self, x: torch.Tensor, train: bool = False) -> torch.Tensor:
+        # The formula's per-feature factors are folded into one scale and shift (small
+        # tensors), so the batch-sized work is a subtraction, a square, a mean and one addcmul.
         if not train:
-            return (x - self.running_mean) * torch.rsqrt(self.running_var + self.eps) * self.weight + self.bias
+            scale = torch.rsqrt(self.running_var + self.eps) * self.weight
+            return torch.addcmul(self.bias - self.running_mean * scale, x, scale)
+        n = x.shape[-2]
         mean = x.mean(-2, keepdim=True)
-        var = x.var(-2, keepdim=True, correction=0)
+        xc = x - mean
+        var = (xc * xc).mean(-2, keepdim=True)  # biased, as the formula's sigma_B
         std = (var + self.eps).sqrt()
-        x_hat = (x - mean) / std
         with torch.no_grad():
             running_std = (self.running_var + self.eps).sqrt()
             on = self.steps >= self.warmup  # a tensor: no host read per forward
             r = torch.where(on, (std / running_std).clamp(1 / self.r_max, self.r_max), 1.0)
             d = torch.where(on, ((mean - self.running_mean) / running_std).clamp(-self.d_max, self.d_max), 0.0)
-            n = x.shape[-2]
             self.running_mean.lerp_(mean.reshape(self.running_mean.shape), self.momentum)
             self.running_var.lerp_((var * (n / max(n - 1, 1))).reshape(self.running_var.shape), self.momentum)
             self.steps += 1
-        return (x_hat * r + d) * self.weight + self.bias
+        # (xc / std * r + d) * weight + bias
+        scale = r / std * self.weight
+        return torch.addcmul(d * self.weight + self.bias, xc, scale)
 
 
 def _linear_init(w: torch.Tensor, b: torch.Tensor) -> None:
