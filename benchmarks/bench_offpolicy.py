@@ -10,6 +10,7 @@ corral and reports medians.
     pip install 'corral[bench]'
     python benchmarks/bench_offpolicy.py --algos dqn sac --seeds 0 --rounds 2
     python benchmarks/bench_offpolicy.py --algos qrdqn --seeds 0 1 2   # vs sb3-contrib's QR-DQN
+    python benchmarks/bench_offpolicy.py --algos tqc crossq            # vs sb3-contrib's TQC, CrossQ
 
 ``--per-step`` times one gradient step instead of whole runs, after filling both
 libraries' buffers the same way: corral's ``update()``, SB3's ``model.train()``,
@@ -43,6 +44,9 @@ PRESETS = {
                                           gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
                                           policy_kwargs=dict(net_arch=[256, 256], n_quantiles=10))),
     "sac": ("Pendulum-v1", 20_000, dict(learning_rate=1e-3)),
+    # sb3-contrib's TQC and CrossQ at rl-zoo's tqc.yml / crossq.yml Pendulum-v1 entries
+    "tqc": ("Pendulum-v1", 20_000, dict(learning_rate=1e-3)),
+    "crossq": ("Pendulum-v1", 20_000, dict(policy_delay=2, policy_kwargs=dict(net_arch=[256, 256]))),
     "td3": ("Pendulum-v1", 20_000, dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, learning_rate=1e-3,
                                         policy_kwargs=dict(net_arch=[400, 300]))),
 }
@@ -89,8 +93,10 @@ def run_sb3(algo, seed):
     kwargs = dict(kwargs)
     if algo == "td3":
         kwargs["action_noise"] = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
-    if algo == "qrdqn":
-        from sb3_contrib import QRDQN as cls
+    if algo in ("qrdqn", "tqc", "crossq"):
+        import sb3_contrib
+
+        cls = {"qrdqn": sb3_contrib.QRDQN, "tqc": sb3_contrib.TQC, "crossq": sb3_contrib.CrossQ}[algo]
     else:
         cls = {"dqn": sb3.DQN, "sac": sb3.SAC, "td3": sb3.TD3}[algo]
     model = cls("MlpPolicy", env_id, seed=seed, device="cpu", verbose=0, **kwargs)

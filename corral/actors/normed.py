@@ -140,8 +140,9 @@ class RenormSquashedGaussianActor(SquashedGaussianActor):
         self.box = ActionBox(act_space)
         self.net = RenormMLP(self.enc.dim, hidden, 2 * self.box.dim, activation, **renorm)
 
-    def forward(self, x: torch.Tensor, generator=None, deterministic: bool = False, noise=None, train: bool = False):
-        return self.squash(self.net(x, train), generator, deterministic, noise)
+    def forward(self, x: torch.Tensor, generator=None, deterministic: bool = False, noise=None,
+                log_prob: bool = True, train: bool = False):
+        return self.squash(self.net(x, train), generator, deterministic, noise, log_prob)
 
 
 class DropoutCritics(nn.Module):

@@ -152,11 +152,14 @@ class SquashedGaussianActor(nn.Module):
         self.box = ActionBox(act_space)
         self.net = MLP(self.enc.dim, hidden, activation, out_dim=2 * self.box.dim)
 
-    def forward(self, x: torch.Tensor, generator=None, deterministic: bool = False, noise=None):
-        """(action in [-1, 1], log-prob); the standard normal draw is ``noise`` when given."""
-        return self.squash(self.net(x), generator, deterministic, noise)
+    def forward(self, x: torch.Tensor, generator=None, deterministic: bool = False, noise=None,
+                log_prob: bool = True):
+        """(action in [-1, 1], log-prob); the standard normal draw is ``noise`` when given;
+        ``log_prob=False`` (acting) skips the log-prob and returns None for it."""
+        return self.squash(self.net(x), generator, deterministic, noise, log_prob)
 
-    def squash(self, out: torch.Tensor, generator=None, deterministic: bool = False, noise=None):
+    def squash(self, out: torch.Tensor, generator=None, deterministic: bool = False, noise=None,
+               log_prob: bool = True):
         """The action and its log-prob from the network's output (mean and log std)."""
         mean, log_std = out.chunk(2, dim=-1)
         if deterministic:
@@ -167,6 +170,8 @@ class SquashedGaussianActor(nn.Module):
             noise = torch.randn(mean.shape, generator=generator, device=mean.device)
         pre = mean + std * noise
         action = torch.tanh(pre)
+        if not log_prob:
+            return action, None
         # log N(pre) - sum log(1 - tanh^2), the latter in the stable form 2(log2 - pre - softplus(-2 pre))
         log_prob = (-0.5 * noise.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         log_prob = log_prob - (2.0 * (math.log(2.0) - pre - nn.functional.softplus(-2.0 * pre))).sum(-1)
@@ -174,7 +179,7 @@ class SquashedGaussianActor(nn.Module):
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True, generator=None) -> torch.Tensor:
-        return self.box.to_env(self(self.enc(obs), generator, deterministic)[0])
+        return self.box.to_env(self(self.enc(obs), generator, deterministic, log_prob=False)[0])
 
 
 class Critics(nn.Module):

@@ -70,7 +70,7 @@ class SAC(ActorCriticOffPolicy):
         if self.env_steps < self.cfg.learning_starts:
             unit = torch.rand(obs.shape[0], box.dim, generator=self.rng["noise"], device=self.device) * 2 - 1
         else:
-            unit, _ = self.actor(self.actor.enc(obs), self.rng["action"])
+            unit, _ = self.actor(self.actor.enc(obs), self.rng["action"], log_prob=False)
         env_action = box.to_env(unit)
         return env_action, Action(env_action)
 
@@ -128,13 +128,16 @@ class SAC(ActorCriticOffPolicy):
         if self._actor_step():
             new_action, logp = self.policy(obs, noise["new"])
             # Critic weights are frozen for this loss: they only carry gradient to the action.
-            self.critics.requires_grad_(False)
+            critic_params = self.frozen(self.critics, self.__dict__.setdefault("_critic_params", []))
+            for p in critic_params:
+                p.requires_grad_(False)
             q_new = self.actor_q(self.critics.view(batch.obs, obs), new_action, noise)
             actor_loss = (alpha * logp - q_new).mean()
             try:
                 yield self.actor_opt, actor_loss
             finally:
-                self.critics.requires_grad_(True)
+                for p in critic_params:
+                    p.requires_grad_(True)
             stats["actor_loss"] = actor_loss.detach()
             stats["entropy"] = -logp.detach().mean()
             if self.auto_alpha:
@@ -144,4 +147,4 @@ class SAC(ActorCriticOffPolicy):
 
     def after_step(self, stats):
         if (self.grad_steps + 1) % self.cfg.target_update_interval == 0:
-            self.polyak(self.critics_target, self.critics, self.cfg.tau)
+            self.polyak(self.critics_target, self.critics, self.cfg.tau, self._pairs)
