@@ -167,11 +167,15 @@ def per_step(args):
     from corral.algos.base import Step
     from corral.train.setup import build_config
 
-    grad_steps = {"dqn": 128, "sac": 100}
+    import sb3_contrib
+
+    grad_steps = {"dqn": 128, "sac": 100, "tqc": 50, "crossq": 50, "redq": 20}
+    classes = {"dqn": sb3.DQN, "sac": sb3.SAC, "tqc": sb3_contrib.TQC, "crossq": sb3_contrib.CrossQ,
+               "redq": None}  # REDQ: no SB3 / sb3-contrib counterpart; SB3's SAC step at the same shapes
     for algo in args.algos:
-        env_id, _, kwargs = PRESETS[algo]
+        env_id, _, kwargs = PRESETS.get(algo, PRESETS["sac"])
         G = grad_steps[algo]
-        cfg = build_config(algo, env_id, steps=PRESETS[algo][1], seed=0,
+        cfg = build_config(algo, env_id, steps=PRESETS.get(algo, PRESETS["sac"])[1], seed=0,
                            sets=["progress=false", "eval.episodes=0", "tensorboard=false", f"threads={args.threads}"])
         learner = Learner(cfg, None)
         corral_algo = learner.algo
@@ -183,16 +187,16 @@ def per_step(args):
                 corral_algo.observe(Step(obs, extras, rew, term, trunc, info["final_obs"], nxt))
                 obs = nxt
         corral_algo.cfg.gradient_steps = G
-        model = {"dqn": sb3.DQN, "sac": sb3.SAC}[algo]("MlpPolicy", env_id, seed=0, device="cpu", verbose=0,
-                                                       **kwargs)
+        model = (classes[algo] or sb3.SAC)("MlpPolicy", env_id, seed=0, device="cpu", verbose=0, **kwargs)
         model.learn(args.fill)
         torch.set_num_threads(args.threads)
-        bare = bare_step(algo)
         runs = {
             "corral": lambda: corral_algo.update(0.5),
             "sb3": lambda: model.train(gradient_steps=G, batch_size=model.batch_size),
-            "bare": lambda: [bare() for _ in range(G)],
         }
+        if algo in ("dqn", "sac"):
+            bare = bare_step(algo)
+            runs["bare"] = lambda: [bare() for _ in range(G)]
         times = {k: [] for k in runs}
         for _ in range(args.repeats):  # interleaved: the machine is shared
             for name, fn in runs.items():
@@ -203,7 +207,8 @@ def per_step(args):
         med = {k: float(np.median(v)) for k, v in times.items()}
         row = {"algo": algo, "threads": torch.get_num_threads(), "ms_per_step_best": {k: round(v, 3) for k, v in best.items()},
                "ms_per_step_median": {k: round(v, 3) for k, v in med.items()},
-               "corral/sb3": round(med["corral"] / med["sb3"], 3), "bare/sb3": round(med["bare"] / med["sb3"], 3),
+               "corral/sb3": round(med["corral"] / med["sb3"], 3),
+               **({"bare/sb3": round(med["bare"] / med["sb3"], 3)} if "bare" in med else {}),
                "loadavg": [round(x, 2) for x in __import__("os").getloadavg()]}
         print(json.dumps(row), flush=True)
 
