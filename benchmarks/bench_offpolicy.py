@@ -10,6 +10,7 @@ corral and reports medians.
     pip install 'corral[bench]'
     python benchmarks/bench_offpolicy.py --algos dqn sac --seeds 0 --rounds 2
     python benchmarks/bench_offpolicy.py --algos qrdqn --seeds 0 1 2   # vs sb3-contrib's QR-DQN
+    python benchmarks/bench_offpolicy.py --algos tqc crossq            # vs sb3-contrib's TQC, CrossQ
 
 ``--per-step`` times one gradient step instead of whole runs, after filling both
 libraries' buffers the same way: corral's ``update()``, SB3's ``model.train()``,
@@ -43,6 +44,9 @@ PRESETS = {
                                           gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
                                           policy_kwargs=dict(net_arch=[256, 256], n_quantiles=10))),
     "sac": ("Pendulum-v1", 20_000, dict(learning_rate=1e-3)),
+    # sb3-contrib's TQC and CrossQ at rl-zoo's tqc.yml / crossq.yml Pendulum-v1 entries
+    "tqc": ("Pendulum-v1", 20_000, dict(learning_rate=1e-3)),
+    "crossq": ("Pendulum-v1", 20_000, dict(policy_delay=2, policy_kwargs=dict(net_arch=[256, 256]))),
     "td3": ("Pendulum-v1", 20_000, dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, learning_rate=1e-3,
                                         policy_kwargs=dict(net_arch=[400, 300]))),
 }
@@ -89,8 +93,10 @@ def run_sb3(algo, seed):
     kwargs = dict(kwargs)
     if algo == "td3":
         kwargs["action_noise"] = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
-    if algo == "qrdqn":
-        from sb3_contrib import QRDQN as cls
+    if algo in ("qrdqn", "tqc", "crossq"):
+        import sb3_contrib
+
+        cls = {"qrdqn": sb3_contrib.QRDQN, "tqc": sb3_contrib.TQC, "crossq": sb3_contrib.CrossQ}[algo]
     else:
         cls = {"dqn": sb3.DQN, "sac": sb3.SAC, "td3": sb3.TD3}[algo]
     model = cls("MlpPolicy", env_id, seed=seed, device="cpu", verbose=0, **kwargs)
@@ -161,11 +167,15 @@ def per_step(args):
     from corral.algos.base import Step
     from corral.train.setup import build_config
 
-    grad_steps = {"dqn": 128, "sac": 100}
+    import sb3_contrib
+
+    grad_steps = {"dqn": 128, "sac": 100, "tqc": 50, "crossq": 50, "redq": 20}
+    classes = {"dqn": sb3.DQN, "sac": sb3.SAC, "tqc": sb3_contrib.TQC, "crossq": sb3_contrib.CrossQ,
+               "redq": None}  # REDQ: no SB3 / sb3-contrib counterpart; SB3's SAC step at the same shapes
     for algo in args.algos:
-        env_id, _, kwargs = PRESETS[algo]
+        env_id, _, kwargs = PRESETS.get(algo, PRESETS["sac"])
         G = grad_steps[algo]
-        cfg = build_config(algo, env_id, steps=PRESETS[algo][1], seed=0,
+        cfg = build_config(algo, env_id, steps=PRESETS.get(algo, PRESETS["sac"])[1], seed=0,
                            sets=["progress=false", "eval.episodes=0", "tensorboard=false", f"threads={args.threads}"])
         learner = Learner(cfg, None)
         corral_algo = learner.algo
@@ -177,16 +187,16 @@ def per_step(args):
                 corral_algo.observe(Step(obs, extras, rew, term, trunc, info["final_obs"], nxt))
                 obs = nxt
         corral_algo.cfg.gradient_steps = G
-        model = {"dqn": sb3.DQN, "sac": sb3.SAC}[algo]("MlpPolicy", env_id, seed=0, device="cpu", verbose=0,
-                                                       **kwargs)
+        model = (classes[algo] or sb3.SAC)("MlpPolicy", env_id, seed=0, device="cpu", verbose=0, **kwargs)
         model.learn(args.fill)
         torch.set_num_threads(args.threads)
-        bare = bare_step(algo)
         runs = {
             "corral": lambda: corral_algo.update(0.5),
             "sb3": lambda: model.train(gradient_steps=G, batch_size=model.batch_size),
-            "bare": lambda: [bare() for _ in range(G)],
         }
+        if algo in ("dqn", "sac"):
+            bare = bare_step(algo)
+            runs["bare"] = lambda: [bare() for _ in range(G)]
         times = {k: [] for k in runs}
         for _ in range(args.repeats):  # interleaved: the machine is shared
             for name, fn in runs.items():
@@ -197,7 +207,8 @@ def per_step(args):
         med = {k: float(np.median(v)) for k, v in times.items()}
         row = {"algo": algo, "threads": torch.get_num_threads(), "ms_per_step_best": {k: round(v, 3) for k, v in best.items()},
                "ms_per_step_median": {k: round(v, 3) for k, v in med.items()},
-               "corral/sb3": round(med["corral"] / med["sb3"], 3), "bare/sb3": round(med["bare"] / med["sb3"], 3),
+               "corral/sb3": round(med["corral"] / med["sb3"], 3),
+               **({"bare/sb3": round(med["bare"] / med["sb3"], 3)} if "bare" in med else {}),
                "loadavg": [round(x, 2) for x in __import__("os").getloadavg()]}
         print(json.dumps(row), flush=True)
 

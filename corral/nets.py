@@ -180,7 +180,21 @@ class ParallelMLP(nn.Module):
         self._layers = list(zip(self.weights, self.biases))
         self._act_after = [i < len(self._layers) - 1 or not self.has_out for i in range(len(self._layers))]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        """``members``: indices of the members to evaluate (REDQ's target subset), ``[len(members), B, out]``."""
+        if members is not None:
+            params = [t[members] for wb in self._layers for t in wb]
+            if x.dim() == 3:
+                x = x[members]
+            if self.act_name in _FUSED_ACTS and not torch.is_grad_enabled():
+                return _parallel_mlp_forward(x, self.act_name, self._act_after, params)[0]
+            if x.dim() == 2:
+                x = x.unsqueeze(0).expand(len(members), *x.shape)
+            for i, act in enumerate(self._act_after):
+                x = torch.baddbmm(params[2 * i + 1], x, params[2 * i].mT)
+                if act:
+                    x = self.act(x)
+            return x
         if self.act_name in _FUSED_ACTS:
             params = [t for wb in self._layers for t in wb]
             if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):

@@ -35,6 +35,11 @@ ALGOS = {  # name: (obs space, action space, config overrides)
     "sac": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64}),
     "td3": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64}),
     "apex_td3": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64}),
+    "redq": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64, "hidden": (16,)}),
+    "droq": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64, "hidden": (16,)}),
+    "tqc": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64, "hidden": (16,)}),
+    "crossq": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64, "hidden": (16,),
+                                                              "critic_hidden": (16,)}),
 }
 
 

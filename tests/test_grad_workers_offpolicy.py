@@ -1,5 +1,5 @@
 """Gradient workers for the replay algorithms (DQN family with C51, QR-DQN, IQN, noisy nets
-and Munchausen, DDPG, TD3, SAC, Ape-X DQN):
+and Munchausen, DDPG, TD3, SAC, REDQ, DroQ, TQC, Ape-X DQN; CrossQ refuses them):
 sync sharding gives the single-process updates (every phase: critics, actor, temperature;
 PER priorities; targets), async applies whole steps as they land, and a run with Ray
 gradient workers trains to the same parameters as one process."""
@@ -37,6 +37,14 @@ CASES = {
     "qrdqn": ("qrdqn", "CartPole-v1", {"qrdqn.gradient_steps": 2, "qrdqn.hidden": [32], "qrdqn.n_quantiles": 16,
                                        "qrdqn.prioritized": True}),
     "mdqn": ("mdqn", "CartPole-v1", {"mdqn.gradient_steps": 2, "mdqn.hidden": [32], "mdqn.n_step": 3}),
+    # REDQ: the step's critic subset is a row per transition, so every shard takes the same one
+    "redq": ("redq", "Pendulum-v1", {"redq.gradient_steps": 2, "redq.policy_delay": 2, "redq.n_critics": 5,
+                                     "redq.hidden": [32, 32]}),
+    # DroQ: each shard gets its rows' dropout masks
+    "droq": ("droq", "Pendulum-v1", {"droq.gradient_steps": 2, "droq.policy_delay": 2, "droq.hidden": [32, 32]}),
+    # TQC: the per-row quantile loss and its PER priorities
+    "tqc": ("tqc", "Pendulum-v1", {"tqc.gradient_steps": 2, "tqc.hidden": [32, 32], "tqc.n_quantiles": 8,
+                                   "tqc.prioritized": True}),
     "apex_dqn": ("apex_dqn", "CartPole-v1", {"apex_dqn.gradient_steps": 2, "apex_dqn.hidden": [32],
                                              "apex_dqn.target_update_interval": 3}),
 }

@@ -152,9 +152,16 @@ class SquashedGaussianActor(nn.Module):
         self.box = ActionBox(act_space)
         self.net = MLP(self.enc.dim, hidden, activation, out_dim=2 * self.box.dim)
 
-    def forward(self, x: torch.Tensor, generator=None, deterministic: bool = False, noise=None):
-        """(action in [-1, 1], log-prob); the standard normal draw is ``noise`` when given."""
-        mean, log_std = self.net(x).chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, generator=None, deterministic: bool = False, noise=None,
+                log_prob: bool = True):
+        """(action in [-1, 1], log-prob); the standard normal draw is ``noise`` when given;
+        ``log_prob=False`` (acting) skips the log-prob and returns None for it."""
+        return self.squash(self.net(x), generator, deterministic, noise, log_prob)
+
+    def squash(self, out: torch.Tensor, generator=None, deterministic: bool = False, noise=None,
+               log_prob: bool = True):
+        """The action and its log-prob from the network's output (mean and log std)."""
+        mean, log_std = out.chunk(2, dim=-1)
         if deterministic:
             return torch.tanh(mean), None
         log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
@@ -163,6 +170,8 @@ class SquashedGaussianActor(nn.Module):
             noise = torch.randn(mean.shape, generator=generator, device=mean.device)
         pre = mean + std * noise
         action = torch.tanh(pre)
+        if not log_prob:
+            return action, None
         # log N(pre) - sum log(1 - tanh^2), the latter in the stable form 2(log2 - pre - softplus(-2 pre))
         log_prob = (-0.5 * noise.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         log_prob = log_prob - (2.0 * (math.log(2.0) - pre - nn.functional.softplus(-2.0 * pre))).sum(-1)
@@ -170,7 +179,7 @@ class SquashedGaussianActor(nn.Module):
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True, generator=None) -> torch.Tensor:
-        return self.box.to_env(self(self.enc(obs), generator, deterministic)[0])
+        return self.box.to_env(self(self.enc(obs), generator, deterministic, log_prob=False)[0])
 
 
 class Critics(nn.Module):
@@ -181,20 +190,23 @@ class Critics(nn.Module):
     observations; otherwise they see the actor encoder's output (``view`` picks)."""
 
     def __init__(self, obs_dim: int, act_dim: int, n: int = 2, hidden=(256, 256), activation="relu",
-                 obs_space: gym.spaces.Box | None = None):
+                 obs_space: gym.spaces.Box | None = None, n_out: int = 1):
         super().__init__()
         self.n = n
+        self.n_out = n_out  # > 1: each critic outputs that many values (TQC's quantiles), ``[n, B, n_out]``
         self.enc = ObsEncoder(obs_space, False) if obs_space is not None else None
         if self.enc is not None:
             obs_dim = self.enc.dim
-        self.net = ParallelMLP(n, obs_dim + act_dim, hidden, activation, out_dim=1,
+        self.net = ParallelMLP(n, obs_dim + act_dim, hidden, activation, out_dim=n_out,
                                out_gains=tuple([1.0] * n))
 
     def view(self, raw: torch.Tensor, encoded: torch.Tensor) -> torch.Tensor:
         """What ``forward`` takes: raw observations for an own encoder, else the actor encoder's output."""
         return raw if self.enc is not None else encoded
 
-    def forward(self, x: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, action: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        """``[n, B]`` (``[n, B, n_out]`` for several outputs); ``members``: only those critics."""
         if self.enc is not None:
             x = self.enc(x)
-        return self.net(torch.cat([x, action], dim=-1)).squeeze(-1)
+        out = self.net(torch.cat([x, action], dim=-1), members)
+        return out.squeeze(-1) if self.n_out == 1 else out

@@ -11,16 +11,19 @@ from corral.algos.a2c import A2C, A2CConfig
 from corral.algos.apex import ApexDQN, ApexRainbow, ApexTD3
 from corral.algos.base import Algorithm
 from corral.algos.distributional import C51, IQN, QRDQN, RAINBOW_OVERRIDES
+from corral.algos.crossq import CrossQ
 from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.mdqn import MunchausenDQN
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
+from corral.algos.redq import DROQ_OVERRIDES, REDQ
 from corral.algos.reinforce import REINFORCE, REINFORCEConfig
 from corral.algos.r2d2 import DRQN_OVERRIDES, R2D2
 from corral.algos.recurrent_ppo import RecurrentIMPALA, RecurrentPPO
 from corral.algos.sac import SAC, SACConfig
 from corral.algos.sac_discrete import SACDiscrete, SACDiscreteConfig
 from corral.algos.td3 import DDPG_OVERRIDES, TD3, TD3Config
+from corral.algos.tqc import TQC
 from corral.config import ALGO_FAMILIES
 from corral.errors import UserError
 
@@ -60,6 +63,12 @@ ALGOS: dict[str, AlgoSpec] = {
     "ddpg": AlgoSpec(TD3, DDPG_OVERRIDES, "DDPG (continuous)"),
     "td3": AlgoSpec(TD3, help="Twin Delayed DDPG (continuous)"),
     "sac": AlgoSpec(SAC, help="Soft Actor-Critic with automatic entropy tuning (continuous)"),
+    "redq": AlgoSpec(REDQ, help="REDQ: SAC with an ensemble of N critics, a random subset of M in the target min, "
+                     "high update-to-data ratio (continuous)"),
+    "droq": AlgoSpec(REDQ, DROQ_OVERRIDES, "DroQ: REDQ's high update ratio with two dropout + layer-norm critics "
+                     "(continuous)"),
+    "tqc": AlgoSpec(TQC, help="TQC: SAC with quantile critics, the pooled target's top quantiles dropped (continuous)"),
+    "crossq": AlgoSpec(CrossQ, help="CrossQ: SAC with batch-renorm critics and actor, no target networks (continuous)"),
     "sac_discrete": AlgoSpec(SACDiscrete, help="Soft Actor-Critic for discrete actions: categorical policy, "
                              "exact expectations over actions, twin Q(s, .) critics"),
     "impala": AlgoSpec(IMPALA, help="IMPALA: actor-critic with V-trace correction (asynchronous collectors)"),

@@ -40,7 +40,8 @@ class SAC(ActorCriticOffPolicy):
         self.check_action_space(act_space)
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
         self.actor, self.critics = self._build(self.make_networks)
-        self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
+        if "critics_target" in self.networks:  # CrossQ declares none
+            self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
         self.actor_opt = self._optimizer(self.actor.parameters(), cfg.actor_lr or cfg.lr)
         self.critic_opt = self._optimizer(self.critics.parameters(), cfg.lr)
         self.auto_alpha = cfg.ent_coef is None
@@ -69,7 +70,7 @@ class SAC(ActorCriticOffPolicy):
         if self.env_steps < self.cfg.learning_starts:
             unit = torch.rand(obs.shape[0], box.dim, generator=self.rng["noise"], device=self.device) * 2 - 1
         else:
-            unit, _ = self.actor(self.actor.enc(obs), self.rng["action"])
+            unit, _ = self.actor(self.actor.enc(obs), self.rng["action"], log_prob=False)
         env_action = box.to_env(unit)
         return env_action, Action(env_action)
 
@@ -84,41 +85,66 @@ class SAC(ActorCriticOffPolicy):
             noise["new"] = torch.randn(shape, generator=self.rng["noise"], device=self.device)
         return noise
 
-    def phases(self, batch, noise, shared=None):
-        cfg = self.cfg
+    # --- the step, in hooks a variant overrides (REDQ: the target's subset, the actor's mean;
+    # TQC: quantile critics; CrossQ: one joint forward, no target)
+    def target_q(self, next_obs_view: torch.Tensor, next_action: torch.Tensor, noise) -> torch.Tensor:
+        """The next state's value before the entropy term, ``[B]``: the min over the target critics."""
+        return self.critics_target(next_obs_view, next_action).min(0).values
+
+    def critic_loss(self, batch, obs, action, alpha, noise):
+        """(loss, Q for the metrics, |TD error| per row for PER or None)."""
         enc, view = self.actor.enc, self.critics.view
-        obs = enc(batch.obs)
-        action = self.actor.box.to_unit(batch.action)
-        alpha = self.log_alpha.detach().exp()
         with torch.no_grad():
             next_obs = enc(batch.next_obs)
             next_action, next_logp = self.actor(next_obs, noise=noise["next"])
-            next_q = self.critics_target(view(batch.next_obs, next_obs), next_action).min(0).values - alpha * next_logp
+            next_q = self.target_q(view(batch.next_obs, next_obs), next_action, noise) - alpha * next_logp
             target = batch.reward + batch.discount * next_q
-        q = self.critics(view(batch.obs, obs), action)
+        q = self.current_q(view(batch.obs, obs), action, noise)
         td = q - target
-        sq = td.square() * batch.weights if cfg.prioritized else td.square()  # uniform weights are all 1
-        critic_loss = 0.5 * sq.mean(1).sum()
+        sq = td.square() * batch.weights if self.cfg.prioritized else td.square()  # uniform weights are all 1
+        loss = 0.5 * sq.mean(1).sum()
+        return loss, q.detach(), (td.detach().abs().max(0).values if self.cfg.prioritized else None)
+
+    def current_q(self, obs_view: torch.Tensor, action: torch.Tensor, noise) -> torch.Tensor:
+        """The critics' values of the batch's actions, ``[n, B]``."""
+        return self.critics(obs_view, action)
+
+    def policy(self, obs: torch.Tensor, noise: torch.Tensor):
+        """The actor's (action, log-prob) for the actor loss."""
+        return self.actor(obs, noise=noise)
+
+    def actor_q(self, obs_view: torch.Tensor, new_action: torch.Tensor, noise) -> torch.Tensor:
+        """What the actor maximises, ``[B]``: the min over the critics."""
+        return self.critics(obs_view, new_action).min(0).values
+
+    def phases(self, batch, noise, shared=None):
+        obs = self.actor.enc(batch.obs)
+        action = self.actor.box.to_unit(batch.action)
+        alpha = self.log_alpha.detach().exp()
+        critic_loss, q, td = self.critic_loss(batch, obs, action, alpha, noise)
         yield self.critic_opt, critic_loss
-        stats = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(), "alpha": alpha}
+        stats = {"critic_loss": critic_loss.detach(), "q_mean": q.mean(), "alpha": alpha}
 
         if self._actor_step():
-            new_action, logp = self.actor(obs, noise=noise["new"])
+            new_action, logp = self.policy(obs, noise["new"])
             # Critic weights are frozen for this loss: they only carry gradient to the action.
-            self.critics.requires_grad_(False)
-            q_new = self.critics(view(batch.obs, obs), new_action).min(0).values
+            critic_params = self.frozen(self.critics, self.__dict__.setdefault("_critic_params", []))
+            for p in critic_params:
+                p.requires_grad_(False)
+            q_new = self.actor_q(self.critics.view(batch.obs, obs), new_action, noise)
             actor_loss = (alpha * logp - q_new).mean()
             try:
                 yield self.actor_opt, actor_loss
             finally:
-                self.critics.requires_grad_(True)
+                for p in critic_params:
+                    p.requires_grad_(True)
             stats["actor_loss"] = actor_loss.detach()
             stats["entropy"] = -logp.detach().mean()
             if self.auto_alpha:
                 alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
                 yield self.alpha_opt, alpha_loss
-        return stats, (td.detach().abs().max(0).values if cfg.prioritized else None)
+        return stats, td
 
     def after_step(self, stats):
         if (self.grad_steps + 1) % self.cfg.target_update_interval == 0:
-            self.polyak(self.critics_target, self.critics, self.cfg.tau)
+            self.polyak(self.critics_target, self.critics, self.cfg.tau, self._pairs)

@@ -349,6 +349,9 @@ def sharded_class(algo) -> type:
     if isinstance(algo, A2C):  # and REINFORCE: PPO's loop with their own loss (``minibatch_loss``)
         cls = type(algo)
         return type(f"Sharded{cls.__name__}", (ShardedPPO, cls), {"name": cls.name, "Config": cls.Config})
+    if isinstance(algo, OffPolicy) and not algo.shardable:
+        raise UserError(f"scheme.grad_workers > 1 splits each batch, and {algo.name}'s loss reads the statistics of "
+                        "the whole batch (batch renorm); set scheme.grad_workers=1")
     if isinstance(algo, OffPolicy):
         cls = type(algo)
         return type(f"Sharded{cls.__name__}", (ShardedOffPolicy, cls), {"name": cls.name, "Config": cls.Config})
