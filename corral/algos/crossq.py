@@ -88,7 +88,7 @@ class CrossQ(SAC):
         loss = 0.5 * sq.mean(1).sum()
         return loss, q.detach(), (td.detach().abs().max(0).values if self.cfg.prioritized else None)
 
-    def policy(self, obs, noise):
+    def actor_action(self, obs, noise):
         return self.actor(obs, noise=noise, train=True)
 
     def actor_q(self, obs_view, new_action, noise):

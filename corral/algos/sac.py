@@ -109,7 +109,7 @@ class SAC(ActorCriticOffPolicy):
         """The critics' values of the batch's actions, ``[n, B]``."""
         return self.critics(obs_view, action)
 
-    def policy(self, obs: torch.Tensor, noise: torch.Tensor):
+    def actor_action(self, obs: torch.Tensor, noise: torch.Tensor):
         """The actor's (action, log-prob) for the actor loss."""
         return self.actor(obs, noise=noise)
 
@@ -126,7 +126,7 @@ class SAC(ActorCriticOffPolicy):
         stats = {"critic_loss": critic_loss.detach(), "q_mean": q.mean(), "alpha": alpha}
 
         if self._actor_step():
-            new_action, logp = self.policy(obs, noise["new"])
+            new_action, logp = self.actor_action(obs, noise["new"])
             # Critic weights are frozen for this loss: they only carry gradient to the action.
             critic_params = self.frozen(self.critics, self.__dict__.setdefault("_critic_params", []))
             for p in critic_params:
