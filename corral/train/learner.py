@@ -86,6 +86,9 @@ class Learner:
     eval_seconds: float = 0.0  # of this process's evaluations (within train_seconds)
     eval_history: list = field(default_factory=list)  # {"step", "eval_return", "train_seconds" without evals}
     failed: bool = False
+    _stream: Any = None  # the update stream of a run in progress (``start``)
+    _evaluator: Any = None
+    _finished: bool = False
     # called as episode_log(name, returns, lengths) with the episodes that ended, per env
     # ("0", "1", ...) in-process, per collector ("c0", ...) with Ray (Monitor CSVs: log.monitor_csv)
     episode_log: Any = None
@@ -194,61 +197,99 @@ class Learner:
 
         return make_scheme(self).stream()
 
-    def train(self, hooks: list | None = None) -> dict:
-        """Run to ``cfg.steps`` (or the early stop); returns the summary printed by ``--json``.
+    # --- a run: ``train()``, or stepped (``start``, ``step`` until ``done``, ``close``)
+    def start(self, hooks: list | None = None) -> "Learner":
+        """Set a run up to be driven one update at a time::
+
+            learner.start()
+            while not learner.done():
+                learner.step()
+                learner.print_info()
+            summary = learner.close()
 
         ``hooks``: more objects called as ``hook(learner, stats)`` after every update (after the
-        built-in ones) and ``hook.close(learner)`` at the end; a hook sets ``learner.stop = True``
-        to end the run there."""
+        built-in metrics, checkpoint and evaluation hooks) and ``hook.close(learner)`` at the end;
+        a hook sets ``learner.stop = True`` to end the run there. ``train()`` is exactly this loop."""
         cfg = self.cfg
-        user_hooks = list(hooks or [])
         metrics = MetricsHook(self)
-        hooks: list[Any] = [metrics]
+        self._hooks: list[Any] = [metrics]
         if self.run_dir is not None:
-            hooks.append(CheckpointHook(self))
-        evaluator = EvalHook(self, metrics)
-        hooks.append(evaluator)
+            self._hooks.append(CheckpointHook(self))
+        self._evaluator = EvalHook(self, metrics)
+        self._hooks.append(self._evaluator)
         if cfg.progress and not self.quiet:
-            evaluator.progress = ProgressHook(self)
-            hooks.insert(0, evaluator.progress)
-        hooks += user_hooks
+            self._evaluator.progress = ProgressHook(self)
+            self._hooks.insert(0, self._evaluator.progress)
+        self._hooks += list(hooks or [])
         self.stop = False
-        start = time.perf_counter() - self.train_seconds
-        stopped_early = False
-        updates = 0
+        self._t0 = time.perf_counter() - self.train_seconds
+        self._stopped_early = self._finished = False
+        self._updates_here = 0
+        self._stream = self.make_stream()
+        return self
+
+    def done(self) -> bool:
+        """The run reached ``cfg.steps`` or an early stop (``stop_at_return``, ``eval.stop_at_return``,
+        a hook's ``stop``)."""
+        return self._finished
+
+    def step(self) -> dict | None:
+        """One update: collection up to it, the update, then every hook (metrics, checkpoints,
+        evaluation). Returns the update's metrics, or None when the run is done."""
+        if self._stream is None:
+            if self._finished:
+                return None
+            raise RuntimeError("Learner.step(): call start() first (or train() for the whole run)")
+        if self._finished:
+            return None
+        cfg = self.cfg
         try:
             # Training time ends with the last update: stopping workers afterwards (a Ray
             # shutdown takes a second or two) is teardown, not training.
-            for stats in self.make_stream():
-                self.train_seconds = time.perf_counter() - start
-                updates += 1
-                self.updates += 1
-                for hook in hooks:
-                    hook(self, stats)
-                if self.stop:
-                    stopped_early = True
-                    break
-                if (cfg.stop_at_return is not None and len(self.recent_returns) == self.recent_returns.maxlen
-                        and self.last20_return >= cfg.stop_at_return):
-                    stopped_early = True
-                    break
-                if (cfg.eval.stop_at_return is not None and evaluator.last_step == self.env_steps
-                        and self.last_eval["mean_return"] >= cfg.eval.stop_at_return):
-                    stopped_early = True  # the evaluation just made reached the bar
-                    break
-            if updates == 0:
-                self.train_seconds = time.perf_counter() - start
+            stats = next(self._stream)
+        except StopIteration:
+            self._finished = True
+            if self._updates_here == 0:
+                self.train_seconds = time.perf_counter() - self._t0
+            return None
         except BaseException:
             self.failed = True
             raise
-        finally:
+        self.train_seconds = time.perf_counter() - self._t0
+        self._updates_here += 1
+        self.updates += 1
+        try:
+            for hook in self._hooks:
+                hook(self, stats)
+        except BaseException:
+            self.failed = True
+            raise
+        ev = self._evaluator
+        if (self.stop
+                or (cfg.stop_at_return is not None and len(self.recent_returns) == self.recent_returns.maxlen
+                    and self.last20_return >= cfg.stop_at_return)
+                or (cfg.eval.stop_at_return is not None and ev.last_step == self.env_steps
+                    and self.last_eval["mean_return"] >= cfg.eval.stop_at_return)):  # the eval just made
+            self._stopped_early = self._finished = True
+        return stats
+
+    def close(self) -> dict:
+        """End the run (the final evaluation and checkpoint, workers stopped, envs closed) and
+        return the summary ``train()`` returns."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()  # a scheme's workers stop here
+        if self._updates_here == 0 and not self.failed:
+            self.train_seconds = time.perf_counter() - self._t0
+        try:
             # Hooks close in reverse so the final eval runs before the last checkpoint is written.
-            for hook in reversed(hooks):
+            for hook in reversed(self._hooks):
                 try:
                     hook.close(self)
                 except Exception:
                     if not self.failed:
                         raise
+        finally:
             self.env.close()
         summary = {
             "run_dir": str(self.run_dir) if self.run_dir else None,
@@ -257,13 +298,50 @@ class Learner:
             "eval_seconds": round(self.eval_seconds, 3),
             "episodes": self.episodes,
             "last20_return": self.last20_return if self.recent_returns else None,
-            "stopped_early": stopped_early,
+            "stopped_early": self._stopped_early,
         }
         if self.last_eval:
             summary["eval_return"] = self.last_eval["mean_return"]
             summary["eval_return_std"] = self.last_eval["std_return"]
             summary["eval"] = self.last_eval  # every statistic, with the protocol
         return summary
+
+    def train(self, hooks: list | None = None) -> dict:
+        """Run to ``cfg.steps`` (or the early stop); returns the summary printed by ``--json``.
+        The same as ``start(hooks)``, ``step()`` until ``done()``, then ``close()``."""
+        self.start(hooks)
+        try:
+            while self.step() is not None and not self.done():
+                pass
+        except BaseException:
+            self.failed = True
+            self.close()
+            raise
+        return self.close()
+
+    def print_info(self) -> None:
+        """One line on stdout: env steps, updates, episodes, the last-20 return, the last evaluation."""
+        ev = f", eval {self.last_eval['mean_return']:.1f}" if self.last_eval else ""
+        sps = self.env_steps / self.train_seconds if self.train_seconds > 0 else float("nan")
+        print(f"{self.cfg.algo} {self.cfg.env.id}: {self.env_steps:,}/{self.cfg.steps:,} steps, {self.updates} updates, "
+              f"{self.episodes} episodes, last-20 return {self.last20_return:.1f}{ev}, {sps:,.0f} steps/s")
+
+    def save_model(self, path: str | Path | None = None) -> Path:
+        """The whole training state (``corral resume`` and ``corral.load`` take it); default
+        ``<run dir>/checkpoints/latest.pt``."""
+        if path is None:
+            if self.run_dir is None:
+                from corral.errors import UserError
+
+                raise UserError("Learner.save_model(): this run has no run directory; pass a path")
+            path = self.run_dir / "checkpoints" / "latest.pt"
+        return self.save(Path(path))
+
+    def evaluate(self) -> dict:
+        """An evaluation now, under the run's protocol (``eval.*``), logged like the periodic ones."""
+        if self._evaluator is None:
+            self._evaluator = EvalHook(self, MetricsHook(self))
+        return self._evaluator.evaluate(self)
 
     # --- state
     def state_dict(self, replay: bool = True) -> dict:

@@ -1,0 +1,66 @@
+"""The Learner driven one update at a time (``start``, ``step``, ``done``, ``print_info``,
+``save_model``, ``evaluate``, ``close``) is the same run as ``train()``."""
+
+import torch
+
+import corral
+from corral.train.learner import Learner
+from corral.train.setup import build_config, new_run_dir
+
+SETS = ["ppo.n_steps=32", "ppo.batch_size=64", "env.num_envs=4", "eval.every=1024", "eval.episodes=3",
+        "progress=false", "tensorboard=false"]
+
+
+def params(learner):
+    return torch.cat([p.detach().flatten() for p in learner.algo.actor.parameters()])
+
+
+def test_a_stepped_learner_gives_the_same_run_as_train(tmp_path, capsys):
+    a = Learner(build_config("ppo", "CartPole-v1", steps=4096, seed=3, sets=SETS), None)
+    whole = a.train()
+    cfg = build_config("ppo", "CartPole-v1", steps=4096, seed=3, sets=SETS)
+    b = Learner(cfg, new_run_dir(cfg, str(tmp_path / "b")))
+    b.start()
+    updates = 0
+    while not b.done():
+        stats = b.step()
+        if stats is None:
+            break
+        updates += 1
+        assert "pg_loss" in stats
+        b.print_info()
+    stepped = b.close()
+    assert updates == 4096 // (32 * 4) == b.updates
+    assert torch.equal(params(a), params(b))
+    for k in ("env_steps", "episodes", "last20_return", "eval_return", "stopped_early"):
+        assert whole[k] == stepped[k], k
+    assert [e["eval_return"] for e in a.eval_history] == [e["eval_return"] for e in b.eval_history]
+    out = capsys.readouterr().out
+    assert "4,096/4,096 steps, 32 updates" in out and "eval" in out
+    assert b.step() is None  # a finished run does nothing more
+
+
+def test_save_model_and_evaluate_on_a_stepped_run(tmp_path):
+    cfg = build_config("ppo", "CartPole-v1", steps=1024, seed=0, sets=SETS)
+    L = Learner(cfg, new_run_dir(cfg, str(tmp_path / "r")))
+    L.start()
+    L.step()
+    result = L.evaluate()
+    assert result["episodes"] == 3 and L.last_eval is result
+    path = L.save_model()
+    assert path.name == "latest.pt"
+    again = corral.load(path)
+    obs = torch.randn(5, 4).numpy()
+    assert (again.act(obs) == corral.load(L.save_model(tmp_path / "x.pt")).act(obs)).all()
+    L.close()
+
+
+def test_an_early_stop_ends_a_stepped_run_as_it_ends_train():
+    over = SETS + ["eval.stop_at_return=0"]  # the first evaluation stops the run
+    a = Learner(build_config("ppo", "CartPole-v1", steps=8192, seed=1, sets=over), None)
+    summary = a.train()
+    b = Learner(build_config("ppo", "CartPole-v1", steps=8192, seed=1, sets=over), None).start()
+    while b.step() is not None and not b.done():
+        pass
+    assert b.done() and b.close()["stopped_early"] and summary["stopped_early"]
+    assert a.env_steps == b.env_steps == 1024
