@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from corral import config as C
-from corral.algos import get_algo
 from corral.actors.normalizer import normalizers
+from corral.algos import get_algo
 from corral.algos.base import Step
 from corral.envs.base import episode_done
 from corral.errors import TrainingError
@@ -29,6 +29,7 @@ from corral.rng import RNGStreams
 from corral.train.checkpoint import save_checkpoint
 from corral.train.hooks import CheckpointHook, EvalHook, MetricsHook, ProgressHook
 from corral.train.setup import make_env, resolve_device
+
 
 class EpisodeTally:
     """Episode ends of a device-resident run, kept on the device: each step's flags, returns
@@ -198,7 +199,7 @@ class Learner:
         return make_scheme(self).stream()
 
     # --- a run: ``train()``, or stepped (``start``, ``step`` until ``done``, ``close``)
-    def start(self, hooks: list | None = None) -> "Learner":
+    def start(self, hooks: list | None = None) -> Learner:
         """Set a run up to be driven one update at a time::
 
             learner.start()
