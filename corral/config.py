@@ -208,6 +208,9 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+        qualname = getattr(value, "__qualname__", "")
+        if callable(value) and getattr(value, "__module__", None) and qualname and "<locals>" not in qualname:
+            return f"{value.__module__}:{qualname}"  # a class or function where a 'module:callable' is taken
     elif tp is dict or origin is dict:
         if isinstance(value, dict):
             return dict(value)

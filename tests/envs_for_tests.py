@@ -276,3 +276,19 @@ class DictCellTarget(gym.Env):
     def step(self, action):
         r = -abs(float(action[0]) - (self.cell / 3 * 2 - 1))
         return {"cell": self.cell, "vec": np.zeros(2, np.float32)}, r, True, False, {}
+
+
+class TinyExtractor(__import__("torch").nn.Module):
+    """A user's feature extractor for tests: one Linear + Tanh over the flat observation."""
+
+    def __init__(self, obs_space, out_dim: int = 32):
+        import math
+
+        import torch
+
+        super().__init__()
+        self.out_dim = out_dim
+        self.net = torch.nn.Sequential(torch.nn.Linear(int(math.prod(obs_space.shape)), out_dim), torch.nn.Tanh())
+
+    def forward(self, x):
+        return self.net(x.flatten(1).float())

@@ -97,6 +97,7 @@ class ActorCritic(nn.Module):
         normalize_obs: bool = True,
         log_std_init: float = 0.0,
         mask_key: str = "action_mask",
+        extractor: nn.Module | None = None,
     ):
         super().__init__()
         self.obs_shape = tuple(obs_space.shape)
@@ -108,8 +109,8 @@ class ActorCritic(nn.Module):
         self.onehot = OneHotEncoder(obs_space) if is_discrete_space(obs_space) else None
         self.raw_obs = self.image or self.onehot is not None  # what rollouts store as the env gave it
         self.obs_norm = RunningNormalizer(self.obs_shape, enabled=normalize_obs and not self.raw_obs)
-        self.cnn = NatureCNN(self.obs_shape) if self.image else None
-        in_dim = self.cnn.out_dim if self.image else int(math.prod(self.obs_shape))
+        self.cnn = NatureCNN(self.obs_shape) if self.image and extractor is None else None
+        in_dim = self.cnn.out_dim if self.cnn is not None else int(math.prod(self.obs_shape))
         if self.onehot is not None:
             in_dim = self.onehot.out_dim
         # Dict / Tuple observations arrive flat with a layout (corral.envs.spaces): image parts
@@ -145,6 +146,10 @@ class ActorCritic(nn.Module):
         else:
             raise ValueError(f"ActorCritic supports Discrete, MultiDiscrete, MultiBinary and Box actions, got {act_space}")
         self.act_shape = tuple(act_space.shape)
+        # a user's feature extractor takes what rollouts store (normalized vectors, raw images)
+        self.extractor = extractor
+        if extractor is not None:
+            in_dim = int(extractor.out_dim)
         self.body = self.make_body(in_dim, tuple(hidden), activation, pi_out)
 
     def make_body(self, in_dim: int, hidden: tuple[int, ...], activation: str, pi_out: int) -> nn.Module:
@@ -184,6 +189,8 @@ class ActorCritic(nn.Module):
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The encoder's output for stored observations ``[B, ...]``: CNN, one-hot, the parts of
         a Dict / Tuple, or the flat vector itself."""
+        if self.extractor is not None:
+            return self.extractor(x)
         if self.cnn is not None:
             return self.cnn(x)
         if self.onehot is not None:

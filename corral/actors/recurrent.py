@@ -22,9 +22,9 @@ class RecurrentActorCritic(ActorCritic):
 
     def __init__(self, obs_space, act_space, hidden=(64,), activation="tanh", normalize_obs=True,
                  log_std_init=0.0, core: str = "lstm", core_size: int = 64, core_layers: int = 1,
-                 shared_core: bool = True):
+                 shared_core: bool = True, extractor: nn.Module | None = None):
         self._core_args = (core, int(core_size), int(core_layers), bool(shared_core))
-        super().__init__(obs_space, act_space, hidden, activation, normalize_obs, log_std_init)
+        super().__init__(obs_space, act_space, hidden, activation, normalize_obs, log_std_init, extractor=extractor)
 
     def make_body(self, in_dim, hidden, activation, pi_out) -> nn.Module:
         kind, size, layers, shared = self._core_args

@@ -49,6 +49,9 @@ class PPOConfig:
     log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions)")
     normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
     normalize_reward: bool = option(False, "scale rewards by the running std of the discounted return")
+    features: str | None = option(None, "a feature extractor in place of the built-in encoder: 'module:callable' "
+                                        "(or, from Python, the class) called with the observation space, "
+                                        "returning an nn.Module with an out_dim")
     reward_clip: float = option(10.0, "clip scaled rewards to +-this (with normalize_reward)", gt=0)
 
 
@@ -82,6 +85,19 @@ def ppo_loss(actor, obs, actions, old_log_probs, old_values, adv, ret, clip: flo
         clipfrac = ((ratio - 1.0).abs() > clip).float().mean()
         stats = torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach(), approx_kl, clipfrac])
     return loss, stats
+
+
+def make_extractor(spec: str | None, obs_space, algo: str) -> torch.nn.Module | None:
+    """The user's feature extractor ``spec`` names, built for ``obs_space`` (None: the built-in one)."""
+    if spec is None:
+        return None
+    from corral.envs.make import _load_attr
+
+    module = _load_attr(spec, f"{algo}.features")(obs_space)
+    if not isinstance(module, torch.nn.Module) or not isinstance(getattr(module, "out_dim", None), int):
+        raise UserError(f"{algo}.features={spec!r} must build an nn.Module with an int out_dim (its feature size); "
+                        f"it built {type(module).__name__}")
+    return module
 
 
 def ppo_schedules(cfg: PPOConfig, optimizer, progress: float) -> tuple[float, float]:
@@ -235,7 +251,7 @@ class PPO(Algorithm):
         MaxCut node policy) returns its own module with ``ActorCritic``'s interface."""
         cfg = self.cfg
         return ActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs,
-                           cfg.log_std_init)
+                           cfg.log_std_init, extractor=make_extractor(cfg.features, self.obs_space, self.name))
 
     def make_optimizer(self):
         """The one optimizer over the actor-critic (A2C picks RMSprop here). A flat optimizer

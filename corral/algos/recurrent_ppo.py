@@ -21,7 +21,7 @@ import torch
 from corral.actors.recurrent import RecurrentActorCritic
 from corral.algos.base import Step
 from corral.algos.impala import IMPALA, IMPALAConfig
-from corral.algos.ppo import PPO, PPOBatch, PPOConfig, ppo_batch, ppo_loss
+from corral.algos.ppo import PPO, PPOBatch, PPOConfig, make_extractor, ppo_batch, ppo_loss
 from corral.algos.recurrent import RecurrentColumns
 from corral.config import option
 from corral.errors import UserError
@@ -114,7 +114,8 @@ class RecurrentPPO(RecurrentColumns, PPO):
         cfg = self.cfg
         return RecurrentActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
                                     cfg.normalize_obs, cfg.log_std_init, cfg.recurrent, cfg.core_size,
-                                    cfg.core_layers, cfg.shared_core)
+                                    cfg.core_layers, cfg.shared_core, make_extractor(cfg.features, self.obs_space,
+                                                                                     self.name))
 
     # --- hooks
     def scheme_config(self, collectors: int) -> dict:

@@ -49,12 +49,13 @@ def env_name(spec: Any) -> str:
     return getattr(spec, "__name__", type(spec).__name__)
 
 
-def _load_attr(spec: str) -> Any:
+def _load_attr(spec: str, what: str = "env") -> Any:
+    """The object ``module:attr`` or ``path/file.py:attr`` names (``what`` names it in errors)."""
     target, _, attr = spec.rpartition(":")
     if target.endswith(".py"):
         path = os.path.abspath(target)
         if not os.path.exists(path):
-            raise UserError(f"env {spec!r}: file {target!r} does not exist")
+            raise UserError(f"{what} {spec!r}: file {target!r} does not exist")
         mod_name = "_corral_user_env_" + os.path.splitext(os.path.basename(path))[0]
         module = sys.modules.get(mod_name)
         if module is None:
@@ -67,7 +68,7 @@ def _load_attr(spec: str) -> Any:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
             raise UserError(
-                f"env {spec!r}: cannot import module {target!r} ({e}); make sure it is on PYTHONPATH "
+                f"{what} {spec!r}: cannot import module {target!r} ({e}); make sure it is on PYTHONPATH "
                 "or give a file path like path/to/file.py:ClassName"
             ) from None
     try:
@@ -76,7 +77,7 @@ def _load_attr(spec: str) -> Any:
         names = [n for n in dir(module) if not n.startswith("_")]
         close = difflib.get_close_matches(attr, names, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise UserError(f"env {spec!r}: {target!r} has no attribute {attr!r}{hint}") from None
+        raise UserError(f"{what} {spec!r}: {target!r} has no attribute {attr!r}{hint}") from None
 
 
 def _missing_extra_hint(env_id: str) -> str:
