@@ -20,6 +20,9 @@ from corral.train.setup import build_config, make_env, new_run_dir, resolve_devi
 
 
 def config_from_dict(data: dict) -> C.TrainConfig:
+    from corral.train.setup import import_user_modules
+
+    import_user_modules(data.get("imports") or ())  # the run's own algorithms and envs
     spec = get_algo(data["algo"])
     cfg = C.TrainConfig(algo=data["algo"], algo_cfg=spec.cls.Config())
     C.apply_dict(cfg, data)
@@ -97,13 +100,15 @@ class Agent:
 
 def train(algo: str, env: Any = "CartPole-v1", steps: int | None = None, seed: int = 0,
           run_dir: str | None = None, save_run: bool = True, quiet: bool = True, tag: str | None = None,
-          **overrides) -> Agent:
+          imports: tuple[str, ...] = (), **overrides) -> Agent:
     """Train ``algo`` on ``env`` (an id, ``module:callable``, a class or an instance).
 
     ``overrides`` are config keys, e.g. ``lr=1e-3`` or ``**{"env.num_envs": 4}``. ``tag``
     names the run (``log.tag``: in the run directory's name, TensorBoard and the config).
+    ``imports``: modules (or ``path/file.py``) that register the run's own algorithms or envs,
+    imported here and in every worker.
     """
-    cfg = build_config(algo, env, steps=steps, seed=seed, overrides=overrides, tag=tag)
+    cfg = build_config(algo, env, steps=steps, seed=seed, overrides=overrides, tag=tag, imports=imports)
     path = new_run_dir(cfg, run_dir) if save_run else None
     if path:
         (path / "config.yaml").write_text(C.dump_yaml(cfg))

@@ -20,7 +20,7 @@ def _cmd_train(args) -> int:
     cfg = build_config(
         args.algo, args.env, steps=args.steps, seed=args.seed, num_envs=args.num_envs, device=args.device,
         config_file=args.config, sets=args.set or [], stop_at_return=args.stop_at_return,
-        use_preset=not args.no_preset, tag=args.tag,
+        use_preset=not args.no_preset, tag=args.tag, imports=args.imports or [],
     )
     if args.json:
         cfg.progress = False
@@ -238,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     t.add_argument("--stop-at-return", type=float, help="stop when the last-20 training return reaches this")
     t.add_argument("--no-preset", action="store_true", help="ignore the (algo, env) preset")
+    t.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                   help="import a module (or path/file.py) first: it may register algorithms and envs (repeatable)")
     t.add_argument("--tag", help="a name for the run: added to the run directory's name, recorded in TensorBoard "
                                  "and config.yaml (log.tag)")
     t.add_argument("--json", action="store_true", help="print a JSON summary as the last line")

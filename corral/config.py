@@ -124,6 +124,9 @@ class LogConfig:
 @dataclass
 class TrainConfig:
     algo: str = option("ppo", "algorithm name (`corral list` shows them)")
+    imports: tuple[str, ...] = option((), "modules (or path/file.py) imported before the run, where the run's "
+                                          "workers start too: they may register algorithms (corral.register_algo) "
+                                          "and envs (corral.register)")
     env: EnvConfig = option(None, "environment")
     steps: int = option(100_000, "env steps to train for (summed over envs)", ge=1)
     seed: int = option(0, "seed for every random stream of the run", ge=0)

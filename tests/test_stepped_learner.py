@@ -87,3 +87,30 @@ def test_a_bad_feature_extractor_is_refused_with_the_fix(capsys):
     assert "ppo.features" in capsys.readouterr().err
     assert main(["train", "ppo", "CartPole-v1", "--steps", "64", "--set", "ppo.features=envs_for_tests:CountEnv"]) != 0
     assert "out_dim" in capsys.readouterr().err
+
+
+def test_a_users_algorithm_and_storage_from_their_module_run_from_the_cli(tmp_path, capsys):
+    import json
+    import os
+
+    from corral.cli import main
+
+    plugin = os.path.join(os.path.dirname(__file__), "user_plugins", "my_algos.py")
+    assert main(["train", "counting_ppo", "CartPole-v1", "--import", plugin, "--steps", "512", "--run-dir",
+                 str(tmp_path / "r"), "--json", "--set", "ppo.n_steps=32", "--set", "env.num_envs=4",
+                 "--set", "eval.episodes=2", "--set", "tensorboard=false"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["env_steps"] == 512
+    agent = corral.load(tmp_path / "r")  # the run's config names the module: load imports it again
+    assert type(agent.algo).__name__ == "CountingPPO" and agent.cfg.imports == (plugin,)
+    assert main(["resume", str(tmp_path / "r"), "--steps", "1024"]) == 0
+    # with collectors in this process, built from the config, the user's algorithm exists there too
+    from corral.schemes.collector import Collector, driver_paths
+
+    c = Collector(agent.cfg, "CartPole-v1", 0, 1, paths=driver_paths())
+    assert type(c.algo).__name__ == "CountingPPO"
+    # from Python, the same through imports=: the user's storage is the one that was filled
+    trained = corral.train("counting_ppo", "CartPole-v1", steps=256, save_run=False, imports=(plugin,),
+                           **{"ppo.n_steps": 32, "env.num_envs": 4, "eval.episodes": 0, "tensorboard": False})
+    assert type(trained.algo.storage).__name__ == "CountingStorage" and trained.algo.storage.added == 256 // 4
+    assert main(["train", "counting_ppo", "CartPole-v1", "--import", "no_such_plugin_module", "--steps", "64"]) != 0
+    assert "no_such_plugin_module" in capsys.readouterr().err

@@ -189,8 +189,9 @@ class Collector:
         _add_paths(paths or [])
         torch.set_num_threads(max(1, threads))
         from corral.algos import get_algo
-        from corral.train.setup import make_env
+        from corral.train.setup import import_user_modules, make_env
 
+        import_user_modules(cfg.imports)  # a user's registered algorithms and envs exist here too
         self.cfg, self.index, self.num_workers, self.generation = cfg, index, num_workers, generation
         self.device = torch.device("cpu")
         # Every (slot, generation) pair gets its own streams: a restarted collector does not

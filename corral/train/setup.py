@@ -118,10 +118,13 @@ def build_config(
     stop_at_return: float | None = None,
     use_preset: bool = True,
     tag: str | None = None,
+    imports: list[str] | tuple = (),
 ) -> C.TrainConfig:
-    """Defaults < algorithm variant < preset < config file < explicit arguments < --set."""
+    """Defaults < algorithm variant < preset < config file < explicit arguments < --set.
+    ``imports``: user modules imported first (an algorithm they register can be ``algo``)."""
+    import_user_modules(imports)
     spec = get_algo(algo)
-    cfg = C.TrainConfig(algo=algo, algo_cfg=spec.cls.Config())
+    cfg = C.TrainConfig(algo=algo, algo_cfg=spec.cls.Config(), imports=tuple(imports))
     if spec.overrides:
         C.update_from_dict(cfg.algo_cfg, spec.overrides, algo + ".")
     env_id = env if isinstance(env, str) else env_name(env)
@@ -144,6 +147,34 @@ def build_config(
         C.apply_set(cfg, list(overrides.items()))
     C.apply_set(cfg, C.parse_set(list(sets)))
     return cfg
+
+
+def import_user_modules(modules) -> None:
+    """Import a run's ``imports`` (module names, or ``path/to/file.py``) so what they register
+    (algorithms, envs) exists here; collectors and ``corral.load`` call it too."""
+    import importlib
+    import importlib.util
+    import os
+    import sys
+
+    for name in modules or ():
+        if name.endswith(".py"):
+            path = os.path.abspath(name)
+            mod_name = "_corral_user_" + os.path.splitext(os.path.basename(path))[0]
+            if mod_name in sys.modules:
+                continue
+            if not os.path.exists(path):
+                raise UserError(f"imports: file {name!r} does not exist")
+            spec = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = module
+            spec.loader.exec_module(module)
+            continue
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            raise UserError(f"imports: cannot import {name!r} ({e}); put it on PYTHONPATH or give a path/to/file.py") \
+                from None
 
 
 def new_run_dir(cfg: C.TrainConfig, run_dir: str | None, root: str = "runs") -> Path:
