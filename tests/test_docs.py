@@ -75,3 +75,25 @@ def test_mkdocs_build_strict(tmp_path):
     assert "corral.train" in api and "TrainConfig" in api and "export_agent" in api
     # an algorithm page added to docs/algos/ shows in the nav without editing mkdocs.yml
     assert "algos/c51/" in (site / "index.html").read_text()
+
+
+def test_custom_parts_page_code_runs(tmp_path, monkeypatch):
+    """docs/custom.md's blocks, as one script run as a module (so its classes can be named
+    'module:qualname', as a user's script's are from __main__)."""
+    import sys
+    import types
+
+    blocks = python_blocks(DOCS / "custom.md")
+    assert len(blocks) >= 2
+    monkeypatch.chdir(tmp_path)
+    module = types.ModuleType("_corral_docs_custom")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    for i, code in enumerate(blocks):
+        try:
+            exec(compile(code, f"custom.md block {i + 1}", "exec"), module.__dict__)  # noqa: S102 - the page is ours
+        except Exception as e:
+            raise AssertionError(f"custom.md python block {i + 1} failed: {type(e).__name__}: {e}\n{code}") from e
+    assert module.agent.cfg.algo_cfg.features == "_corral_docs_custom:TinyExtractor"
+    from corral.algos import ALGOS
+
+    assert ALGOS.pop("counting_ppo").cls is module.CountingPPO  # (registered by the page; removed again)
