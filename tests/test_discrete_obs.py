@@ -211,6 +211,7 @@ def test_ppo_reaches_a_mean_return_of_7_on_taxi():
     assert evaluate(agent, "Taxi-v4") >= 7
 
 
+@pytest.mark.slow  # about 105 s alone; the PPO Taxi test keeps the integer-observation learning bar in CI
 def test_dqn_reaches_a_mean_return_of_7_on_taxi():
     """The Taxi-v4 preset (Double DQN, 4 envs, 200k steps; about 105 s on one core): greedy
     eval 7.9 over 20 episodes on seeds 0-2."""

@@ -367,7 +367,11 @@ def test_dict_observations_with_an_integer_part(algo_name):
 # Measured on seeds 0-2 (docs/algos/*.md): every held-out evaluation was 500.
 
 
-@pytest.mark.parametrize("algo_name", ["c51", "qrdqn", "iqn", "rainbow", "mdqn"])
+# IQN (about 4-5 minutes here) and Rainbow (2-6 minutes) are slow: with them the suite
+# passed 40 minutes on this machine once issue 14's and 13's tests joined it (2026-12-02).
+@pytest.mark.parametrize("algo_name", ["c51", pytest.param("qrdqn", marks=pytest.mark.slow),
+                                       pytest.param("iqn", marks=pytest.mark.slow),
+                                       pytest.param("rainbow", marks=pytest.mark.slow), "mdqn"])
 def test_reaches_475_on_cartpole_within_50k_steps(tmp_path, algo_name):
     corral.train(algo_name, "CartPole-v1", seed=0, run_dir=str(tmp_path / "run"),
                  **{"eval.every": 5000, "eval.episodes": 5, "eval.stop_at_return": 500, "tensorboard": False})
