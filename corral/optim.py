@@ -66,13 +66,18 @@ class FlatAdam:
                 p.grad = self.grad[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
 
+    def clip_grad_norm(self) -> torch.Tensor | None:
+        """Scale the flat gradient to at most ``max_grad_norm`` (if set); the pre-clip norm."""
+        if self.max_grad_norm is None:
+            return None
+        norm = self.grad.norm()
+        self.grad.mul_((self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))
+        return norm
+
     @torch.no_grad()
     def step(self) -> torch.Tensor | None:
         """Clip (if configured) and apply one Adam step; returns the pre-clip grad norm."""
-        norm = None
-        if self.max_grad_norm is not None:
-            norm = self.grad.norm()
-            self.grad.mul_((self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))
+        norm = self.clip_grad_norm()
         self.steps += 1
         b1, b2 = self.betas
         if _FUSED:
@@ -122,10 +127,7 @@ class FlatRMSprop(FlatAdam):
 
     @torch.no_grad()
     def step(self) -> torch.Tensor | None:
-        norm = None
-        if self.max_grad_norm is not None:
-            norm = self.grad.norm()
-            self.grad.mul_((self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))
+        norm = self.clip_grad_norm()
         self.steps += 1
         self.exp_avg_sq.mul_(self.alpha).addcmul_(self.grad, self.grad, value=1.0 - self.alpha)
         self.flat.addcdiv_(self.grad, self.exp_avg_sq.sqrt().add_(self.eps), value=-self.lr)
