@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import corral
+from conftest import ray_scheme_killing_a_collector
 from corral.algos.r2d2 import R2D2
 from corral.cli import main
 from corral.returns import value_rescale, value_unrescale
@@ -230,24 +231,13 @@ def test_r2d2_with_two_ray_collectors_learns_cartpole_novel_and_survives_a_kille
     first periodic deterministic evaluation (10 episodes every 5k steps) of 500, the best
     evaluation's checkpoint is picked, and the assertion is a held-out evaluation (20 other
     episodes) with a margin: >= 250, where memoryless PPO holds out at about 40."""
-    from corral.schemes.ray_scheme import RayScheme
-
     cfg = build_config("r2d2", "CartPoleNoVel-v1", steps=80_000, seed=0, overrides={
         "scheme.collectors": 2, "env.num_envs": 4, "eval.every": 5000, "eval.episodes": 10,
         "eval.stop_at_return": 500, "tensorboard": False, "progress": False})
     from corral.train.setup import new_run_dir
 
     L = Learner(cfg, new_run_dir(cfg, str(tmp_path / "r")), quiet=True)
-    scheme = RayScheme(L)
-    killed = []
-
-    def kill_once(meta, data):
-        if scheme.fragments == 10 and not killed:
-            ray_local.kill(scheme.pool.actors[1], no_restart=True)
-            killed.append(meta)
-
-    scheme.fragment_callback = kill_once
-    L.make_stream = scheme.stream
+    scheme, killed = ray_scheme_killing_a_collector(L, ray_local)
     summary = L.train()
     lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
     evals = [(m["step"], m["eval_return"]) for m in map(json.loads, lines) if "eval_return" in m]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import corral
+from conftest import ray_scheme_killing_a_collector
 from corral.actors.normalizer import RunningNormalizer
 from corral.algos.base import Step
 from corral.algos.ppo import PPO
@@ -244,21 +245,10 @@ def test_a_bad_config_in_a_collector_is_a_user_error_not_a_restart_in_process():
 
 
 def test_killing_a_collector_mid_run_loses_nothing(ray_local, tmp_path):
-    from corral.schemes.ray_scheme import RayScheme
-
     L = learner("dqn", "CartPole-v1", steps=4096, run_dir=tmp_path,
                 **{"scheme.collectors": 2, "scheme.collect": "async", "env.num_envs": 2,
                    "dqn.learning_starts": 256, "dqn.hidden": [16], "checkpoint.every": 1024})
-    scheme = RayScheme(L)
-    killed = []
-
-    def kill_once(meta, data):
-        if scheme.fragments == 10 and not killed:
-            ray_local.kill(scheme.pool.actors[1], no_restart=True)
-            killed.append(meta)
-
-    scheme.fragment_callback = kill_once
-    L.make_stream = scheme.stream
+    scheme, killed = ray_scheme_killing_a_collector(L, ray_local)
     summary = L.train()
     assert killed and summary["env_steps"] == 4096
     assert scheme.restarts >= 1 and scheme.dropped >= 1
