@@ -109,10 +109,11 @@ def train(algo: str, env: Any = "CartPole-v1", steps: int | None = None, seed: i
     imported here and in every worker.
     """
     cfg = build_config(algo, env, steps=steps, seed=seed, overrides=overrides, tag=tag, imports=imports)
+    learner = Learner(cfg, None, env_spec=env, quiet=quiet)  # built before touching the disk, as the CLI does
     path = new_run_dir(cfg, run_dir) if save_run else None
     if path:
+        learner.run_dir = path
         (path / "config.yaml").write_text(C.dump_yaml(cfg))
-    learner = Learner(cfg, path, env_spec=env, quiet=quiet)
     summary = learner.train()
     return Agent(learner.algo, cfg, path, state=learner.state_dict(), summary=summary)
 

@@ -342,3 +342,11 @@ def test_non_uniform_box_bounds_are_checked_per_component():
         env.step(torch.tensor([[2.0, 4.0], [0.0, -1.0]]))
     assert env.out_of_bounds_actions == 2
     assert env.envs[0].last.tolist() == [1.0, 4.0] and env.envs[1].last.tolist() == [0.0, 0.0]
+
+
+def test_python_train_with_a_bad_env_leaves_no_run_directory(tmp_path):
+    import corral
+
+    with pytest.raises(UserError, match="NoSuchEnv"):
+        corral.train("ppo", "NoSuchEnv-v0", steps=1000, run_dir=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
