@@ -99,6 +99,9 @@ class SchemeConfig:
     grad: SyncOrAsync = option("sync", "sync (average gradients, equal to one process) or async (apply as they arrive)")
     ray_address: str | None = option(None, "join an existing Ray cluster (None: start a local one sized to the machine)")
     max_restarts: int = option(10, "times a dead collector is restarted before the run fails", ge=0)
+    backend: Literal["ray", "local"] = option(
+        "ray", "where collectors and gradient workers run when there are several: ray (Ray actors), or local "
+               "(in this process, one after another: the same results as Ray's sync mode, for debugging)")
 
 
 @dataclass
@@ -113,6 +116,8 @@ class LogConfig:
                                       "env 0 (0: off; needs an env with rgb_array rendering)", ge=0)
     monitor_csv: bool = option(False, "write monitor/<env index>.monitor.csv per env: one row per episode "
                                       "(return, length, time), as Stable-Baselines3's Monitor")
+    monitor_dir: str | None = option(None, "where log.monitor_csv writes (None: <run_dir>/monitor); with a folder "
+                                           "given, runs without a run directory write them too")
     mlflow: bool = option(False, "also log the metrics to MLflow (needs corral[mlflow])")
     mlflow_uri: str | None = option(None, "MLflow tracking URI (None: a local file store, <runs root>/mlruns)")
     wandb: bool = option(False, "also log the metrics to Weights & Biases (needs corral[wandb])")

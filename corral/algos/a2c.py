@@ -25,7 +25,7 @@ from typing import ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
-from corral.algos.ppo import PPO, normalized
+from corral.algos.ppo import PPO, actor_option, features_option, normalized, storage_option
 from corral.config import Activation, Schedule, option
 from corral.optim import FlatAdam, FlatRMSprop
 
@@ -48,9 +48,9 @@ class PolicyGradientConfig:
     activation: Activation = option("tanh", "hidden activation: tanh, relu, elu, silu")
     log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions)")
     normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
-    features: str | None = option(None, "a feature extractor in place of the built-in encoder: 'module:callable' "
-                                        "(or, from Python, the class) called with the observation space, "
-                                        "returning an nn.Module with an out_dim")
+    features: str | None = features_option()
+    actor: str | None = actor_option()
+    storage: str | None = storage_option()
 
     # PPO's loop reads these; in the policy-gradient family they are fixed, not options:
     # one epoch over one minibatch that is the whole batch, no clipping, no KL stop.

@@ -17,13 +17,49 @@ import torch.nn.functional as F
 
 from corral.actors.actor_critic import ActorCritic
 from corral.actors.normalizer import RunningNormalizer
-from corral.nets import CategoricalHead
+from corral.nets import MLP, CategoricalHead, NatureCNN
 from corral.algos.base import Algorithm, Step
 from corral.optim import FlatAdam
 from corral.config import Activation, Schedule, option
 from corral.errors import TrainingError, UserError
 from corral.returns import gae, rollout_next_values
+from corral.storage import storage_class
 from corral.storage.rollout import RolloutStorage
+
+
+def features_option():
+    return option(None, "a feature extractor in place of the built-in encoder: 'module:callable' (or, from Python, "
+                        "the class) called with the observation space, returning an nn.Module with an int out_dim; "
+                        "or a built-in: " + ", ".join(BUILTIN_FEATURES))
+
+
+def actor_option():
+    return option(None, "a user's actor-critic in place of ActorCritic: 'module:callable' (or, from Python, the "
+                        "class) called as (obs_space, act_space, algo_config), returning an nn.Module with "
+                        "ActorCritic's interface (subclass corral.actors.ActorCritic to get it; docs/custom.md)")
+
+
+def storage_option():
+    return option(None, "the rollout storage: a name registered with corral.register_storage, or 'module:Class', "
+                        "a subclass of corral.storage.RolloutStorage (None: RolloutStorage)")
+
+
+def _mlp_features(obs_space) -> torch.nn.Module:
+    mlp = MLP(int(math.prod(obs_space.shape)), (64,), "tanh")
+    net = torch.nn.Sequential(torch.nn.Flatten(), mlp)
+    net.out_dim = mlp.out_dim
+    return net
+
+
+# built-in feature extractors by name (``ppo.features=nature_cnn``): obs space -> module with out_dim
+BUILTIN_FEATURES = {
+    "mlp": _mlp_features,
+    "nature_cnn": lambda space: NatureCNN(tuple(space.shape)),
+}
+
+# what PPO's loop calls on its actor (``ppo.actor`` must provide them; ActorCritic does)
+ACTOR_METHODS = ("normalize", "stored_obs", "stored_action", "explore", "act", "evaluate_actions", "value",
+                 "outputs", "to_env")
 
 
 @dataclass
@@ -49,9 +85,9 @@ class PPOConfig:
     log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions)")
     normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
     normalize_reward: bool = option(False, "scale rewards by the running std of the discounted return")
-    features: str | None = option(None, "a feature extractor in place of the built-in encoder: 'module:callable' "
-                                        "(or, from Python, the class) called with the observation space, "
-                                        "returning an nn.Module with an out_dim")
+    features: str | None = features_option()
+    actor: str | None = actor_option()
+    storage: str | None = storage_option()
     reward_clip: float = option(10.0, "clip scaled rewards to +-this (with normalize_reward)", gt=0)
 
 
@@ -93,10 +129,30 @@ def make_extractor(spec: str | None, obs_space, algo: str) -> torch.nn.Module | 
         return None
     from corral.envs.make import _load_attr
 
-    module = _load_attr(spec, f"{algo}.features")(obs_space)
+    build = BUILTIN_FEATURES.get(spec) or _load_attr(spec, f"{algo}.features")
+    module = build(obs_space)
     if not isinstance(module, torch.nn.Module) or not isinstance(getattr(module, "out_dim", None), int):
         raise UserError(f"{algo}.features={spec!r} must build an nn.Module with an int out_dim (its feature size); "
                         f"it built {type(module).__name__}")
+    return module
+
+
+def make_user_actor(cfg, obs_space, act_space, algo: str) -> torch.nn.Module:
+    """``cfg.actor`` built as (obs_space, act_space, cfg), checked for the methods PPO's loop calls."""
+    from corral.envs.make import _load_attr
+
+    if cfg.features is not None:
+        raise UserError(f"{algo}.actor and {algo}.features are both set: a user's actor builds its own encoder; "
+                        "unset one of them")
+    try:
+        module = _load_attr(cfg.actor, f"{algo}.actor")(obs_space, act_space, cfg)
+    except TypeError as e:
+        raise UserError(f"{algo}.actor={cfg.actor!r} could not be called as (obs_space, act_space, config): {e}") \
+            from None
+    missing = [m for m in ACTOR_METHODS if not callable(getattr(module, m, None))]
+    if not isinstance(module, torch.nn.Module) or missing:
+        raise UserError(f"{algo}.actor={cfg.actor!r} must build an nn.Module with ActorCritic's interface "
+                        f"(missing: {', '.join(missing) or 'nn.Module'}); subclass corral.actors.ActorCritic")
     return module
 
 
@@ -242,14 +298,18 @@ class PPO(Algorithm):
         if self.stores:
             obs_shape, obs_dtype = self.actor.stored_obs()
             act_shape, act_dtype = self.actor.stored_action()
-            self.storage = RolloutStorage(cfg.n_steps, num_envs, obs_shape, act_shape, act_dtype, device, obs_dtype)
+            storage_cls = storage_class(cfg.storage, RolloutStorage, f"{self.name}.storage")
+            self.storage = storage_cls(cfg.n_steps, num_envs, obs_shape, act_shape, act_dtype, device, obs_dtype)
         self._last_obs: torch.Tensor | None = None
         self.updates = 0
 
     def make_actor(self) -> torch.nn.Module:
-        """The actor-critic (built under the run's init seed). A subclass or a problem (the
-        MaxCut node policy) returns its own module with ``ActorCritic``'s interface."""
+        """The actor-critic (built under the run's init seed): the user's ``actor`` class, else
+        ``ActorCritic``. A subclass or a problem (the MaxCut node policy) returns its own module
+        with ``ActorCritic``'s interface."""
         cfg = self.cfg
+        if cfg.actor is not None:
+            return make_user_actor(cfg, self.obs_space, self.act_space, self.name)
         return ActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs,
                            cfg.log_std_init, extractor=make_extractor(cfg.features, self.obs_space, self.name))
 

@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -47,6 +48,16 @@ def env_name(spec: Any) -> str:
     if isinstance(spec, type):
         return spec.__name__
     return getattr(spec, "__name__", type(spec).__name__)
+
+
+def env_ref(spec: Any) -> str:
+    """How a config records an env given as an object: ``'module:name'`` for a class or function
+    importable by that name (``corral.load``, ``corral resume`` and evaluation rebuild it from
+    the config), else its printable name (an instance, a lambda, a nested class)."""
+    mod, qual = getattr(spec, "__module__", None), getattr(spec, "__qualname__", "")
+    if (isinstance(spec, type) or inspect.isfunction(spec)) and mod and qual.isidentifier():
+        return f"{mod}:{qual}"
+    return env_name(spec)
 
 
 def _load_attr(spec: str, what: str = "env") -> Any:

@@ -7,6 +7,10 @@ from corral.errors import UserError
 
 
 def make_scheme(learner):
+    if learner.cfg.scheme.backend == "local":
+        from corral.schemes.fragments import FragmentScheme
+
+        return FragmentScheme(learner)
     try:
         from corral.schemes.ray_scheme import RayScheme
     except ImportError as e:

@@ -8,6 +8,7 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.train.evaluate import eval_generator, evaluate_policy, resolve_protocol
@@ -48,14 +49,15 @@ class MetricsHook:
                     self.extra.append(loggers.MLflowLogger(learner))
                 if lc.wandb:
                     self.extra.append(loggers.WandbLogger(learner))
-                if lc.monitor_csv:
-                    self.monitor = loggers.MonitorCSV(learner.run_dir, str(learner.cfg.env.id))
-                    learner.episode_log = self.monitor.add
                 if lc.screenshot_every > 0:
                     self.screens = loggers.TerminalScreenshots(learner, lc.screenshot_every)
             except BaseException:
                 self.close_writers(failed=True)
                 raise
+        monitor_dir = lc.monitor_dir or (learner.run_dir / "monitor" if learner.run_dir else None)
+        if lc.monitor_csv and monitor_dir is not None:
+            self.monitor = loggers.MonitorCSV(Path(monitor_dir), str(learner.cfg.env.id))
+            learner.episode_log = self.monitor.add
         self.board_tag = loggers.board_tag
         self.optimizer_lr = loggers.optimizer_lr
         self.last_steps, self.last_time = learner.env_steps, time.perf_counter()

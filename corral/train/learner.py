@@ -24,11 +24,11 @@ from corral.actors.normalizer import normalizers
 from corral.algos import get_algo
 from corral.algos.base import Step
 from corral.envs.base import episode_done
-from corral.errors import TrainingError
+from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
 from corral.train.checkpoint import save_checkpoint
 from corral.train.hooks import CheckpointHook, EvalHook, MetricsHook, ProgressHook
-from corral.train.setup import make_env, resolve_device
+from corral.train.setup import build_config, make_env, new_run_dir, resolve_device
 
 
 class EpisodeTally:
@@ -117,6 +117,29 @@ class Learner:
         from corral.train.loggers import check_log_config
 
         check_log_config(self)
+
+    @classmethod
+    def from_scheme(cls, scheme, steps: int, *, seed: int = 0, run_dir: str | Path | None = None,
+                    device: str = "auto", quiet: bool = False, use_preset: bool = False,
+                    sets: list[str] | tuple = (), **overrides) -> Learner:
+        """The Learner for a run composed in Python (``corral.compose``: a ``VecEnvFactory``, an
+        ``AlgoFactory`` and a ``Scheme`` of both). Its parts become the run's typed config, so
+        the run is an ordinary one. ``run_dir``: where the config, metrics, TensorBoard events and
+        checkpoints go (None: nothing but the monitor logs a ``log_dir`` asks for);
+        ``use_preset``: start from the (algo, env id) preset as ``corral train`` does;
+        ``overrides``/``sets``: any other config keys (``eval.every``)."""
+        from corral.compose import Scheme
+
+        if not isinstance(scheme, Scheme):
+            raise UserError(f"Learner.from_scheme: give a corral.Scheme, got {type(scheme).__name__}")
+        settings = {**scheme.envs.settings(), **scheme.algo.settings(), **scheme.settings(), **overrides}
+        cfg = build_config(scheme.algo.name, scheme.envs.env_fn, steps=steps, seed=seed, device=device,
+                           overrides=settings, sets=sets, use_preset=use_preset)
+        learner = cls(cfg, None, env_spec=scheme.envs.env_fn, quiet=quiet)  # bad input leaves no run dir
+        if run_dir is not None:
+            learner.run_dir = new_run_dir(cfg, str(run_dir))
+            (learner.run_dir / "config.yaml").write_text(C.dump_yaml(cfg))
+        return learner
 
     # --- bookkeeping: every loop (in-process, collectors' fragments, replay servers) counts here
     def add_steps(self, n: int) -> None:
@@ -332,8 +355,6 @@ class Learner:
         ``<run dir>/checkpoints/latest.pt``."""
         if path is None:
             if self.run_dir is None:
-                from corral.errors import UserError
-
                 raise UserError("Learner.save_model(): this run has no run directory; pass a path")
             path = self.run_dir / "checkpoints" / "latest.pt"
         return self.save(Path(path))

@@ -81,13 +81,13 @@ def check_log_config(learner: Learner) -> None:
 
 
 class MonitorCSV:
-    """``<run_dir>/monitor/<i>.monitor.csv`` per env ``i`` (in-process) or per collector
+    """``<folder>/<i>.monitor.csv`` (``log.monitor_dir``, default ``<run_dir>/monitor``) per env ``i`` (in-process) or per collector
     ``c<k>`` (Ray): SB3's Monitor format, a ``#{"t_start": ..., "env_id": ...}`` line, then
     ``r,l,t`` rows (return, length, seconds since the run's start). Appends on resume."""
 
-    def __init__(self, run_dir: Path, env_id: str):
-        self.dir = run_dir / "monitor"
-        self.dir.mkdir(exist_ok=True)
+    def __init__(self, folder: Path, env_id: str):
+        self.dir = folder
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.env_id = env_id
         self.t0 = time.time()
         self.files: dict[str, Any] = {}

@@ -17,7 +17,7 @@ import torch
 from corral import config as C
 from corral.algos import get_algo
 from corral.envs import make_vec_env
-from corral.envs.make import env_name
+from corral.envs.make import env_name, env_ref
 from corral.errors import UserError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -127,7 +127,7 @@ def build_config(
     cfg = C.TrainConfig(algo=algo, algo_cfg=spec.cls.Config(), imports=tuple(imports))
     if spec.overrides:
         C.update_from_dict(cfg.algo_cfg, spec.overrides, algo + ".")
-    env_id = env if isinstance(env, str) else env_name(env)
+    env_id = env if isinstance(env, str) else env_ref(env)
     cfg.env.id = env_id
     if use_preset:
         C.apply_dict(cfg, load_preset(algo, env_id, base=spec.cls.name))
