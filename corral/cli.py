@@ -146,6 +146,40 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_ensemble(args) -> int:
+    import corral
+    from corral.population.ensemble import Ensemble, fuse
+
+    members = [corral.load(p, device="cpu") for p in args.runs]
+    weights = args.weights
+    if weights is not None and weights != "eval":
+        try:
+            weights = [float(x) for x in weights.split(",")]
+        except ValueError:
+            raise UserError(f"--weights {args.weights!r}: give comma-separated numbers (one per run) or 'eval'") from None
+    returns = [corral.evaluate(m, episodes=args.episodes, seed=args.seed)["mean_return"] for m in members]
+    if weights == "eval":
+        from corral.population.ensemble import weights_from_returns
+
+        weights = weights_from_returns(returns)
+    agent = fuse(members, weights) if args.fuse else Ensemble(members, weights)
+    result = corral.evaluate(agent, episodes=args.episodes, seed=args.seed)
+    out = Path(args.out or ("fused.pt" if args.fuse else "ensemble.pt"))
+    agent.save(out)
+    summary = {"members": [{"run": r, "eval_return": ret} for r, ret in zip(args.runs, returns)],
+               "weights": agent.weights if not args.fuse else (weights or [1 / len(members)] * len(members)),
+               "kind": "fused" if args.fuse else "ensemble", "eval_return": result["mean_return"],
+               "eval_return_std": result["std_return"], "path": str(out)}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    for m, w in zip(summary["members"], summary["weights"]):
+        print(f"  {m['eval_return']:9.2f}  weight {w:.3f}  {m['run']}")
+    print(f"{summary['kind']}: eval {result['mean_return']:.2f} ± {result['std_return']:.2f} over "
+          f"{result['episodes']} episodes (mean member {sum(returns) / len(returns):.2f}); wrote {out}")
+    return 0
+
+
 def _protocol_text(result: dict) -> str:
     from corral.train.evaluate import EvalProtocol
 
@@ -297,6 +331,21 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("run_dirs", nargs="+")
     pl.add_argument("--out")
     pl.set_defaults(fn=_cmd_plot)
+
+    en = sub.add_parser("ensemble", help="combine trained runs into one agent (weighted vote or fused parameters)",
+                        description="Average the runs' action distributions (policy-gradient family) or Q-values "
+                                    "(value family), or with --fuse their parameters (same architecture; "
+                                    "normalizer statistics pooled). Evaluates members and the result, and saves "
+                                    "the result as one agent (corral eval / corral.load read it). docs/populations.md")
+    en.add_argument("runs", nargs="+", help="run directories or checkpoint files (one env)")
+    en.add_argument("--weights", help="comma-separated, one per run, or 'eval' (from the members' eval returns); "
+                                      "default equal")
+    en.add_argument("--fuse", action="store_true", help="average parameters into one network instead of voting")
+    en.add_argument("--episodes", type=int, default=10, help="evaluation episodes per member and for the result")
+    en.add_argument("--seed", type=int, default=0)
+    en.add_argument("--out", help="file to write (default ensemble.pt, or fused.pt with --fuse)")
+    en.add_argument("--json", action="store_true")
+    en.set_defaults(fn=_cmd_ensemble)
 
     from corral.solve import add_solve_parser
 
