@@ -5,5 +5,22 @@ __version__ = "0.1.0"
 from corral.agent import Agent, evaluate, load, train  # noqa: E402
 from corral.algos import register_algo  # noqa: E402
 from corral.envs import register  # noqa: E402
+from corral.population.ensemble import Ensemble, fuse  # noqa: E402
 
-__all__ = ["Agent", "evaluate", "load", "register", "register_algo", "train", "__version__"]
+
+def tune(*args, **kwargs):
+    """Hyper-parameter search on Ray Tune (``corral.population.tune.tune``; needs corral[tune])."""
+    from corral.population.tune import tune as run
+
+    return run(*args, **kwargs)
+
+
+def pbt(*args, **kwargs):
+    """Population-based training on Ray Tune (``corral.population.pbt.pbt``; needs corral[tune])."""
+    from corral.population.pbt import pbt as run
+
+    return run(*args, **kwargs)
+
+
+__all__ = ["Agent", "Ensemble", "evaluate", "fuse", "load", "pbt", "register", "register_algo", "train", "tune",
+           "__version__"]

@@ -152,7 +152,8 @@ def pbt(algo: str, env: Any = "CartPole-v1", *, mutations: dict | list, initial:
                 trainable, param_space=param_space,
                 tune_config=tune.TuneConfig(metric="eval_return", mode="max", scheduler=scheduler,
                                             reuse_actors=False, trial_dirname_creator=trial_dirname),
-                run_config=run_config(out / "ray", name, {"training_iteration": iterations}, verbose))
+                run_config=run_config(out / "ray", name, {"training_iteration": iterations}, verbose,
+                                      keep=max(4, population)))
         grid = tuner.fit()
         rows = trial_rows(grid, list(space))
     final = {}
@@ -175,7 +176,7 @@ def _safe(env: Any) -> str:
 def write_schedules(rows: list[dict], keys: list[str], out: Path) -> None:
     """Every member's hyper-parameters and eval return per iteration, as CSV, JSON and a plot."""
     out.mkdir(parents=True, exist_ok=True)
-    cols = ["trial", "iteration", "env_steps", "eval_return", "exploited_from", *keys]
+    cols = ["trial", "iteration", "env_steps", "eval_return", *keys]
     with open(out / "schedules.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()

@@ -66,11 +66,11 @@ def trial_dirname(trial) -> str:
     return f"trial_{trial.trial_id}"
 
 
-def run_config(storage: Path, name: str, stop: dict, verbose: int):
+def run_config(storage: Path, name: str, stop: dict, verbose: int, keep: int = 2):
     from ray import tune
 
     return tune.RunConfig(name=name, storage_path=str(storage), stop=stop, verbose=verbose,
-                          checkpoint_config=tune.CheckpointConfig(num_to_keep=2, checkpoint_frequency=1,
+                          checkpoint_config=tune.CheckpointConfig(num_to_keep=keep, checkpoint_frequency=1,
                                                                   checkpoint_at_end=True))
 
 
