@@ -86,3 +86,24 @@ def test_tournament_best_never_decreases_beats_the_start_and_survives_a_killed_w
     assert again["best"]["eval"] >= r["best"]["eval"]
     with pytest.raises(Exception, match="resume"):
         tournament("ppo", "CartPole-v1", slices=1, out=tmp_path / "t")
+
+
+@pytest.mark.slow
+def test_tune_ppo_cartpole_finds_a_config_that_solves_it_and_the_yaml_reproduces_it(tmp_path, capsys):
+    """`corral tune ppo CartPole-v1` with 8 trials (Optuna TPE, ASHA) over lr and epochs finds a
+    config whose deterministic evaluation is >= 475, and `corral train --config best.yaml`
+    reproduces it."""
+    out = tmp_path / "search"
+    assert main(["tune", "ppo", "CartPole-v1", "--space", "ppo.lr=loguniform:1e-4:1e-2", "--space",
+                 "ppo.n_epochs=choice:4,10", "--trials", "8", "--steps", "50000", "--iterations", "5",
+                 "--set", "tensorboard=false", "--num-cpus", "2", "--out", str(out)]) == 0
+    print(capsys.readouterr().out)
+    rows = list(csv.DictReader(open(out / "trials.csv")))
+    assert len(rows) == 8
+    best = rows[0]
+    assert best["complete"] == "True" and float(best["eval_return"]) >= 475
+    assert main(["train", "ppo", "CartPole-v1", "--config", str(out / "best.yaml"), "--run-dir",
+                 str(tmp_path / "again"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    print("reproduced:", summary["eval_return"], "trial:", best["eval_return"])
+    assert summary["eval_return"] >= 475
