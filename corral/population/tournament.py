@@ -16,6 +16,7 @@ agent leaves it only for a better one."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -68,6 +69,7 @@ def train_slice(job: dict) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _worker_cls():
     import ray
 
