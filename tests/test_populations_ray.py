@@ -69,7 +69,7 @@ def test_tournament_best_never_decreases_beats_the_start_and_survives_a_killed_w
             ray.kill(t.workers[worker], no_restart=True)
 
     r = tournament("ppo", "CartPole-v1", workers=2, slices=6, slice_steps=2048, top_k=3, fresh_probability=0.25,
-                   eval_episodes=5, seed=0, sets=["ppo.n_steps=64"], out=tmp_path / "t", on_submit=kill_once)
+                   eval_episodes=5, seed=0, sets=["ppo.n_steps=64", "ppo.lr_schedule=constant"], out=tmp_path / "t", on_submit=kill_once)
     best = [h["best"] for h in r["history"]]
     print("history", [(h["id"], h["parent"], h["eval"], h["best"]) for h in r["history"]], "start", r["start_eval"])
     assert r["submitted"] == 6 and len(best) == 6
@@ -81,7 +81,7 @@ def test_tournament_best_never_decreases_beats_the_start_and_survives_a_killed_w
     assert any(h["parent"] for h in r["history"])  # agents were taken from the board and trained further
     # resumable: one more slice continues the same board
     again = tournament("ppo", "CartPole-v1", workers=2, slices=7, slice_steps=2048, top_k=3, eval_episodes=5,
-                       seed=0, sets=["ppo.n_steps=64"], out=tmp_path / "t", resume=True)
+                       seed=0, sets=["ppo.n_steps=64", "ppo.lr_schedule=constant"], out=tmp_path / "t", resume=True)
     assert again["submitted"] == 7 and again["history"][:6] == r["history"]
     assert again["best"]["eval"] >= r["best"]["eval"]
     with pytest.raises(Exception, match="resume"):

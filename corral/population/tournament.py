@@ -101,14 +101,19 @@ class Leaderboard:
         self.history: list[dict] = []  # after each submission: {"slice", "best", "submitted"}
         self.submitted = 0
         self.restarts = 0
-        self.start_eval: float | None = None
+        self.start_evals: dict[str, float] = {}  # fresh agents' evaluations before any training
         self.next_id = 0
+
+    @property
+    def start_eval(self) -> float | None:
+        """The evaluation of the tournament's first agent (the lowest id) before training."""
+        return self.start_evals[min(self.start_evals)] if self.start_evals else None
 
     def submit(self, entry: dict) -> bool:
         """Insert ``entry`` if the board has room or it beats the last; True if it is on the board."""
         self.submitted += 1
-        if self.start_eval is None and entry.get("start_eval") is not None:
-            self.start_eval = entry["start_eval"]
+        if entry.get("start_eval") is not None:
+            self.start_evals[entry["id"]] = entry["start_eval"]
         self.entries.append({k: entry[k] for k in ("id", "eval", "path", "env_steps", "parent", "slice")})
         self.entries.sort(key=lambda e: -e["eval"])
         kept = entry["id"] in [e["id"] for e in self.entries[: self.top_k]]
@@ -127,7 +132,7 @@ class Leaderboard:
 
     def save(self) -> None:
         data = {"top_k": self.top_k, "entries": self.entries, "history": self.history, "submitted": self.submitted,
-                "restarts": self.restarts, "start_eval": self.start_eval, "next_id": self.next_id}
+                "restarts": self.restarts, "start_evals": self.start_evals, "next_id": self.next_id}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, self.path)
@@ -138,7 +143,7 @@ class Leaderboard:
         board = cls(top_k, path)
         board.entries = sorted(data["entries"], key=lambda e: -e["eval"])[:top_k]
         board.history, board.submitted = data["history"], data["submitted"]
-        board.restarts, board.start_eval, board.next_id = data["restarts"], data["start_eval"], data["next_id"]
+        board.restarts, board.start_evals, board.next_id = data["restarts"], data["start_evals"], data["next_id"]
         return board
 
 
@@ -239,4 +244,5 @@ class Tournament:
         board = self.board
         return {"leaderboard": board.entries, "best": board.entries[0], "history": board.history,
                 "submitted": board.submitted, "restarts": board.restarts, "start_eval": board.start_eval,
+                "start_evals": board.start_evals,
                 "path": str(board.path)}
