@@ -118,18 +118,27 @@ def train(algo: str, env: Any = "CartPole-v1", steps: int | None = None, seed: i
     return Agent(learner.algo, cfg, path, state=learner.state_dict(), summary=summary)
 
 
+def build_acting_algo(cfg: C.TrainConfig, device: torch.device):
+    """The algorithm of ``cfg`` built for acting only: no replay, rollout storage or optimizer state."""
+    env = make_env(cfg, None, "cpu", num_envs=1, evaluation=True)
+    spec = get_algo(cfg.algo)
+    algo = spec.cls(cfg.algo_cfg, env.single_observation_space, env.single_action_space, cfg.env.num_envs,
+                    device, RNGStreams(cfg.seed, device), role="actor")
+    env.close()
+    return algo
+
+
 def load(path: str | Path, device: str = "auto") -> Agent:
     """Load an agent from a checkpoint file or a run directory (best, else latest)."""
     ckpt = resolve_checkpoint(path)
     dev = resolve_device(device)
     state = load_checkpoint(ckpt, map_location=dev)
+    if "ensemble" in state:  # written by corral.population.Ensemble.save
+        from corral.population.ensemble import load_ensemble
+
+        return load_ensemble(state, dev)
     cfg = config_from_dict(state["config"])
-    env = make_env(cfg, None, "cpu", num_envs=1, evaluation=True)
-    spec = get_algo(cfg.algo)
-    # acting only: no replay, rollout storage or optimizer state is built
-    algo = spec.cls(cfg.algo_cfg, env.single_observation_space, env.single_action_space, cfg.env.num_envs,
-                    dev, RNGStreams(cfg.seed, dev), role="actor")
-    env.close()
+    algo = build_acting_algo(cfg, dev)
     from corral.errors import UserError
 
     try:

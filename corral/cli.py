@@ -146,6 +146,94 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_ensemble(args) -> int:
+    import corral
+    from corral.population.ensemble import Ensemble, fuse
+
+    members = [corral.load(p, device="cpu") for p in args.runs]
+    weights = args.weights
+    if weights is not None and weights != "eval":
+        try:
+            weights = [float(x) for x in weights.split(",")]
+        except ValueError:
+            raise UserError(f"--weights {args.weights!r}: give comma-separated numbers (one per run) or 'eval'") from None
+    returns = [corral.evaluate(m, episodes=args.episodes, seed=args.seed)["mean_return"] for m in members]
+    if weights == "eval":
+        from corral.population.ensemble import weights_from_returns
+
+        weights = weights_from_returns(returns)
+    agent = fuse(members, weights) if args.fuse else Ensemble(members, weights)
+    result = corral.evaluate(agent, episodes=args.episodes, seed=args.seed)
+    out = Path(args.out or ("fused.pt" if args.fuse else "ensemble.pt"))
+    agent.save(out)
+    summary = {"members": [{"run": r, "eval_return": ret} for r, ret in zip(args.runs, returns)],
+               "weights": agent.weights if not args.fuse else (weights or [1 / len(members)] * len(members)),
+               "kind": "fused" if args.fuse else "ensemble", "eval_return": result["mean_return"],
+               "eval_return_std": result["std_return"], "path": str(out)}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    for m, w in zip(summary["members"], summary["weights"]):
+        print(f"  {m['eval_return']:9.2f}  weight {w:.3f}  {m['run']}")
+    print(f"{summary['kind']}: eval {result['mean_return']:.2f} ± {result['std_return']:.2f} over "
+          f"{result['episodes']} episodes (mean member {sum(returns) / len(returns):.2f}); wrote {out}")
+    return 0
+
+
+def _space_args(items, path) -> dict:
+    from corral.population.space import load_space_file, parse_space
+
+    space = load_space_file(path) if path else {}
+    space.update(parse_space(items or []))
+    return {k: d.text() if d.kind != "choice" else list(d.choices) for k, d in space.items()}
+
+
+def _cmd_tune(args) -> int:
+    from corral.population.tune import format_table, tune
+
+    space = _space_args(args.space, args.space_file)
+    s = tune(args.algo, args.env, space, trials=args.trials, steps=args.steps, iterations=args.iterations,
+             search=args.search, scheduler=args.scheduler, concurrency=args.concurrency,
+             eval_episodes=args.eval_episodes, seed=args.seed, sets=args.set or [], out=args.out,
+             num_cpus=args.num_cpus, cpus_per_trial=args.cpus_per_trial, resume=args.resume)
+    if args.json:
+        print(json.dumps({k: v for k, v in s.items()}, default=str))
+        return 0
+    print(format_table(s["trials"], list(space)))
+    b = s["best"]
+    print(f"best: trial {b['trial']}, eval {b['eval_return']:.1f}; wrote {s['best_yaml']} "
+          f"(corral train {args.algo} {args.env} --config {s['best_yaml']}), {s['table']}, {s['plot']}")
+    return 0
+
+
+def _cmd_pbt(args) -> int:
+    from corral.population.pbt import pbt
+
+    initial = {}
+    for item in args.init or []:
+        key, eq, values = item.partition("=")
+        if not eq:
+            raise UserError(f"--init {item!r}: write KEY=V1,V2,... (one value per member)")
+        import yaml
+
+        initial[key] = [yaml.safe_load(v) for v in values.split(",")]
+    r = pbt(args.algo, args.env, mutations=_space_args(args.mutate, None), initial=initial,
+            population=args.population, iterations=args.iterations, steps_per_iteration=args.steps_per_iteration,
+            quantile=args.quantile, resample_probability=args.resample_probability, seed=args.seed,
+            sets=args.set or [], eval_episodes=args.eval_episodes, out=args.out, num_cpus=args.num_cpus,
+            cpus_per_trial=args.cpus_per_trial, resume=args.resume)
+    if args.json:
+        print(json.dumps({k: v for k, v in r.items() if k != "rows"}, default=str))
+        return 0
+    for m in sorted(r["final"], key=lambda m: -m["eval_return"]):
+        print(f"  {m['trial']}  eval {m['eval_return']:8.1f}  " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float)
+                                                                         else f"{k}={v}" for k, v in m.items()
+                                                                         if k not in ("trial", "iteration",
+                                                                                      "env_steps", "eval_return")))
+    print(f"best: {r['best']['trial']} (eval {r['best']['eval_return']:.1f}); schedules: {r['schedules']}, {r['plot']}")
+    return 0
+
+
 def _protocol_text(result: dict) -> str:
     from corral.train.evaluate import EvalProtocol
 
@@ -297,6 +385,58 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("run_dirs", nargs="+")
     pl.add_argument("--out")
     pl.set_defaults(fn=_cmd_plot)
+
+    en = sub.add_parser("ensemble", help="combine trained runs into one agent (weighted vote or fused parameters)",
+                        description="Average the runs' action distributions (policy-gradient family) or Q-values "
+                                    "(value family), or with --fuse their parameters (same architecture; "
+                                    "normalizer statistics pooled). Evaluates members and the result, and saves "
+                                    "the result as one agent (corral eval / corral.load read it). docs/populations.md")
+    en.add_argument("runs", nargs="+", help="run directories or checkpoint files (one env)")
+    en.add_argument("--weights", help="comma-separated, one per run, or 'eval' (from the members' eval returns); "
+                                      "default equal")
+    en.add_argument("--fuse", action="store_true", help="average parameters into one network instead of voting")
+    en.add_argument("--episodes", type=int, default=10, help="evaluation episodes per member and for the result")
+    en.add_argument("--seed", type=int, default=0)
+    en.add_argument("--out", help="file to write (default ensemble.pt, or fused.pt with --fuse)")
+    en.add_argument("--json", action="store_true")
+    en.set_defaults(fn=_cmd_ensemble)
+
+    for name, helptext in (("tune", "hyper-parameter search on Ray Tune (Optuna TPE or random, ASHA)"),
+                           ("pbt", "population-based training on Ray Tune")):
+        tp = sub.add_parser(name, help=helptext, description=helptext + "; docs/populations.md")
+        tp.add_argument("algo")
+        tp.add_argument("env", nargs="?", default="CartPole-v1")
+        if name == "tune":
+            tp.add_argument("--space", action="append", metavar="KEY=KIND:ARGS",
+                            help="a searched key: loguniform:LO:HI, uniform:LO:HI, randint:LO:HI, choice:A,B,... "
+                                 "(repeatable), e.g. ppo.lr=loguniform:1e-4:1e-2")
+            tp.add_argument("--space-file", help="YAML mapping of keys to the same specs (or under 'space:')")
+            tp.add_argument("--trials", type=int, default=8)
+            tp.add_argument("--steps", type=int, default=50_000, help="env steps per trial")
+            tp.add_argument("--iterations", type=int, default=5, help="evaluations per trial (ASHA's rungs)")
+            tp.add_argument("--search", default="optuna", help="optuna (TPE, default) or random")
+            tp.add_argument("--scheduler", default="asha", help="asha (early stopping, default) or none")
+            tp.add_argument("--concurrency", type=int, default=2, help="trials at once")
+            tp.add_argument("--out", default="tune", help="output folder (runs/, trials.csv, best.yaml, tune.png, ray/)")
+        else:
+            tp.add_argument("--mutate", action="append", metavar="KEY=KIND:ARGS", required=True,
+                            help="a hyper-parameter PBT explores (repeatable), e.g. ppo.lr=loguniform:1e-5:1e-2")
+            tp.add_argument("--init", action="append", metavar="KEY=V1,V2,...",
+                            help="starting values, one per member (default: sampled)")
+            tp.add_argument("--population", type=int, default=4)
+            tp.add_argument("--iterations", type=int, default=10)
+            tp.add_argument("--steps-per-iteration", type=int, default=10_000)
+            tp.add_argument("--quantile", type=float, default=0.25, help="bottom / top fraction for exploit")
+            tp.add_argument("--resample-probability", type=float, default=0.25)
+            tp.add_argument("--out", default="pbt", help="output folder (runs/, schedules.csv/json/png, ray/)")
+        tp.add_argument("--eval-episodes", type=int, default=10)
+        tp.add_argument("--seed", type=int, default=0)
+        tp.add_argument("--set", action="append", metavar="KEY=VALUE", help="a fixed override for every trial")
+        tp.add_argument("--num-cpus", type=int, help="CPUs for the local Ray (default: all)")
+        tp.add_argument("--cpus-per-trial", type=float, default=1.0)
+        tp.add_argument("--resume", action="store_true", help="continue the interrupted search in --out")
+        tp.add_argument("--json", action="store_true")
+        tp.set_defaults(fn=_cmd_tune if name == "tune" else _cmd_pbt)
 
     from corral.solve import add_solve_parser
 
