@@ -31,6 +31,11 @@ def metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def last(rows: list[dict], key: str) -> float:
+    """The last logged value of ``key`` (evaluation rows carry no scheme metrics)."""
+    return [r[key] for r in rows if key in r][-1]
+
+
 def flat(algo) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in algo.synced_tensors()])
 
@@ -56,7 +61,7 @@ def test_a_sync_gradient_worker_killed_mid_step_is_replaced_and_the_run_equals_o
     assert killed and scheme.grad_restarts == 1
     assert L.algo.grad_steps == ref.algo.grad_steps == 76
     assert torch.equal(flat(L.algo), flat(ref.algo))
-    assert metrics(L.run_dir)[-1]["grad_worker_restarts"] == 1
+    assert last(metrics(L.run_dir), "grad_worker_restarts") == 1
 
 
 def test_an_async_gradient_worker_killed_mid_run_has_its_step_redone(ray_local, tmp_path):
@@ -68,8 +73,7 @@ def test_an_async_gradient_worker_killed_mid_run_has_its_step_redone(ray_local, 
     scheme, killed = ray_scheme_killing(L, ray_local, "grad", after=9)
     assert L.train()["env_steps"] == 2048
     assert killed and scheme.grad_restarts == 1
-    rows = metrics(L.run_dir)
-    assert rows[-1]["grad_worker_restarts"] == 1
+    assert last(metrics(L.run_dir), "grad_worker_restarts") == 1
     # 4 updates x 2 epochs x 8 minibatches, every one applied (the lost one redone, once)
     assert L.algo.optimizer.steps == 64
 
@@ -100,7 +104,7 @@ def test_a_killed_replay_server_restarts_from_the_last_checkpoint_and_counts_wha
     replay = L.algo.replay  # back in the learner at the end: what the new server held
     assert replay.steps_added * 2 == 4096 - lost
     rows = metrics(L.run_dir)
-    assert rows[-1]["replay_restarts"] == 1 and rows[-1]["replay_lost_transitions"] == lost
+    assert last(rows, "replay_restarts") == 1 and last(rows, "replay_lost_transitions") == lost
     state = load_checkpoint(L.run_dir / "checkpoints" / "latest.pt")
     assert state["counters"]["env_steps"] == 4096 and state["algo"]["replay"]["steps"] * 2 == 4096 - lost
 
@@ -229,7 +233,7 @@ def test_apex_dqn_with_a_part_killed_mid_run_still_learns_cartpole(ray_local, tm
     print(f"\napex-dqn kill {part}: steps={summary['env_steps']} restarts={restarts} lost={scheme.replay_lost} "
           f"held_out={score:.1f} evals={evals}")
     assert killed and restarts == 1
-    assert rows[-1]["replay_restarts" if part == "replay" else "collector_restarts"] == 1
+    assert last(rows, "replay_restarts" if part == "replay" else "collector_restarts") == 1
     assert max(e for _, e in evals) >= 475, evals
     assert score >= 450, (score, evals)
 
@@ -250,7 +254,7 @@ def test_ppo_with_a_gradient_worker_killed_mid_run_still_learns_cartpole(ray_loc
     evals = [(m["step"], m["eval_return"]) for m in rows if "eval_return" in m]
     score = held_out(run)
     print(f"\nppo grad={mode} kill: restarts={scheme.grad_restarts} held_out={score:.1f} evals={evals}")
-    assert killed and scheme.grad_restarts == 1 and rows[-1]["grad_worker_restarts"] == 1
+    assert killed and scheme.grad_restarts == 1 and last(rows, "grad_worker_restarts") == 1
     assert max(e for _, e in evals) >= 475, evals
     assert score >= 450, (score, evals)
 
