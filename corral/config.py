@@ -99,6 +99,10 @@ class SchemeConfig:
     grad: SyncOrAsync = option("sync", "sync (average gradients, equal to one process) or async (apply as they arrive)")
     ray_address: str | None = option(None, "join an existing Ray cluster (None: start a local one sized to the machine)")
     max_restarts: int = option(10, "times a dead collector is restarted before the run fails", ge=0)
+    max_replay_restarts: int = option(3, "times a dead replay server (Ape-X, R2D2) is restarted from the last "
+                                         "checkpoint before the run fails", ge=0)
+    max_grad_restarts: int = option(3, "times dead gradient workers are restarted (their step redone) before "
+                                       "the run fails", ge=0)
     backend: Literal["ray", "local"] = option(
         "ray", "where collectors and gradient workers run when there are several: ray (Ray actors), or local "
                "(in this process, one after another: the same results as Ray's sync mode, for debugging)")

@@ -22,20 +22,70 @@ def ray_local():
     return ray
 
 
-def ray_scheme_killing_a_collector(learner, ray, after_fragments: int = 10, worker: int = 1):
-    """A Ray scheme for ``learner`` that kills collector ``worker`` (no Ray restart: corral must
-    restart it) once ``after_fragments`` fragments were consumed; returns (scheme, killed), where
-    ``killed`` holds the fragment meta at the kill."""
+def ray_scheme_killing(learner, ray, part: str = "collector", after: int = 10, index: int = 1, times: int = 1):
+    """A Ray scheme for ``learner`` that kills one of its parts mid-run with ``ray.kill`` (no Ray
+    restart: corral must restart it); returns ``(scheme, killed)``, ``killed`` one entry per kill.
+
+    ``part``: ``"collector"`` (collector ``index``) or ``"replay"`` (the replay server), killed
+    once ``after`` fragments were consumed (and again every ``after`` more, ``times`` in all);
+    ``"grad"``: gradient worker ``index``, killed just before the pool's ``after``-th call or
+    submission (so that call, and the step it belongs to, is in flight on a dead worker);
+    ``"chaos"``: every ``after`` seconds a random collector, gradient worker or the replay server
+    (``index`` seeds the choice)."""
     from corral.schemes.ray_scheme import RayScheme
 
     scheme = RayScheme(learner)
     killed: list = []
 
-    def kill_once(meta, data):
-        if scheme.fragments == after_fragments and not killed:
-            ray.kill(scheme.pool.actors[worker], no_restart=True)
-            killed.append(meta)
+    if part in ("collector", "replay"):
+        def kill(meta, data):
+            if len(killed) < times and scheme.fragments == after * (len(killed) + 1):
+                ray.kill(scheme.pool.actors[index] if part == "collector" else scheme.replay_actor, no_restart=True)
+                killed.append(scheme.fragments)
 
-    scheme.fragment_callback = kill_once
+        scheme.fragment_callback = kill
+    elif part == "grad":
+        make = scheme.make_grad_pool
+        calls = [0]
+
+        def make_killing(algo):
+            pool = make(algo)
+            for name in ("call", "submit"):
+                def counted(*args, _inner=getattr(pool, name), **kw):
+                    calls[0] += 1
+                    if len(killed) < times and calls[0] == after * (len(killed) + 1):
+                        ray.kill(pool.workers[index], no_restart=True)
+                        killed.append(calls[0])
+                    return _inner(*args, **kw)
+                setattr(pool, name, counted)
+            return pool
+
+        scheme.make_grad_pool = make_killing
+    elif part == "chaos":  # every ``after`` seconds, one part at random (``times`` kills at most)
+        import random
+        import threading
+
+        pick, stop = random.Random(index), threading.Event()
+
+        def chaos():
+            while not stop.wait(after) and len(killed) < times:
+                parts = [("collector", a) for a in (scheme.pool.actors if scheme.pool else [])]
+                parts += [("grad", w) for w in (scheme.grad_pool.workers if scheme.grad_pool else [])]
+                parts += [("replay", scheme.replay_actor)] if getattr(scheme, "replay_actor", None) else []
+                if parts:
+                    name, actor = pick.choice(parts)
+                    ray.kill(actor, no_restart=True)
+                    killed.append(name)
+
+        close = scheme.close
+
+        def close_and_stop(*args, **kw):
+            stop.set()
+            return close(*args, **kw)
+
+        scheme.close = close_and_stop
+        threading.Thread(target=chaos, daemon=True).start()
+    else:
+        raise ValueError(part)
     learner.make_stream = scheme.stream
     return scheme, killed

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import corral
-from conftest import ray_scheme_killing_a_collector
+from conftest import ray_scheme_killing
 from corral.algos.r2d2 import R2D2
 from corral.cli import main
 from corral.returns import value_rescale, value_unrescale
@@ -237,7 +237,7 @@ def test_r2d2_with_two_ray_collectors_learns_cartpole_novel_and_survives_a_kille
     from corral.train.setup import new_run_dir
 
     L = Learner(cfg, new_run_dir(cfg, str(tmp_path / "r")), quiet=True)
-    scheme, killed = ray_scheme_killing_a_collector(L, ray_local)
+    scheme, killed = ray_scheme_killing(L, ray_local, "collector")
     summary = L.train()
     lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
     evals = [(m["step"], m["eval_return"]) for m in map(json.loads, lines) if "eval_return" in m]

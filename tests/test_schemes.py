@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import corral
-from conftest import ray_scheme_killing_a_collector
+from conftest import ray_scheme_killing
 from corral.actors.normalizer import RunningNormalizer
 from corral.algos.base import Step
 from corral.algos.ppo import PPO
@@ -248,7 +248,7 @@ def test_killing_a_collector_mid_run_loses_nothing(ray_local, tmp_path):
     L = learner("dqn", "CartPole-v1", steps=4096, run_dir=tmp_path,
                 **{"scheme.collectors": 2, "scheme.collect": "async", "env.num_envs": 2,
                    "dqn.learning_starts": 256, "dqn.hidden": [16], "checkpoint.every": 1024})
-    scheme, killed = ray_scheme_killing_a_collector(L, ray_local)
+    scheme, killed = ray_scheme_killing(L, ray_local, "collector")
     summary = L.train()
     assert killed and summary["env_steps"] == 4096
     assert scheme.restarts >= 1 and scheme.dropped >= 1

@@ -105,8 +105,11 @@ class FragmentScheme:
         self._params = None
         self._params_version = -1
         self.param_bytes = 0
-        self.restarts = 0
+        self.restarts = 0  # collectors'
         self.dropped = 0
+        self.replay_restarts = 0
+        self.replay_lost = 0  # transitions the replay server held or was sent, lost with it
+        self.grad_restarts = 0
         self.fragments = 0
         self._lags: list[int] = []
         self._wait = 0.0
@@ -222,6 +225,7 @@ class FragmentScheme:
             self._local_replay = None
 
     def close(self, failing: bool = False) -> None:
+        failing = failing or bool(getattr(self.learner, "failed", False))  # e.g. a hook's save found a part gone
         try:
             self.stop_replay()
         except Exception:  # noqa: BLE001 - a dead server while the run is failing anyway: keep its error
@@ -295,8 +299,44 @@ class FragmentScheme:
             ) from None
         self.pool.restart(k)
 
+    LIMITS = {"replay": "max_replay_restarts", "grad": "max_grad_restarts"}
+
+    def part_died(self, name: str, part: str, cause: BaseException) -> None:
+        """Count a death of the replay server (``part="replay"``) or a gradient worker
+        (``"grad"``); past the part's ``scheme.max_*_restarts`` the run ends (its last
+        checkpoint stays) with one message naming the part and its last error."""
+        if part == "replay":
+            self.replay_restarts = count = self.replay_restarts + 1
+        else:
+            self.grad_restarts = count = self.grad_restarts + 1
+        limit = self.LIMITS[part]
+        if count > getattr(self.sc, limit):
+            last = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+            raise TrainingError(
+                f"{name} died and {'gradient workers have' if part == 'grad' else 'it has'} been restarted "
+                f"{count - 1} times (scheme.{limit}={getattr(self.sc, limit)}); the run ends with its last "
+                f"checkpoint; last error: {type(cause).__name__}: {last}") from None
+
+    def replay_snapshot(self) -> dict | None:
+        """The replay state of the learner's last checkpoint (``latest.pt``), or None."""
+        L = self.learner
+        path = L.run_dir / "checkpoints" / "latest.pt" if L.run_dir is not None else None
+        if path is None or not path.is_file():
+            return None
+        from corral.train.checkpoint import load_checkpoint
+
+        state = load_checkpoint(path)
+        if int(state["counters"]["env_steps"]) > L.env_steps:  # not this run's (cannot be ahead of it)
+            return None
+        return state["algo"].get("replay")
+
     def metrics(self, stats: dict) -> dict:
         out = dict(stats)
+        if self.replay_server:
+            out["replay_restarts"] = float(self.replay_restarts)
+            out["replay_lost_transitions"] = float(self.replay_lost)
+        if self.sc.grad_workers > 1:
+            out["grad_worker_restarts"] = float(self.grad_restarts)
         if self.K > 1:
             if self._lags:
                 out["policy_lag"] = sum(self._lags) / len(self._lags)

@@ -19,7 +19,7 @@ import logging
 import os
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from corral.errors import UserError
 from corral.schemes.fragments import CollectorFailed, FragmentScheme
@@ -28,6 +28,7 @@ from corral.schemes.grad import GradientWorker
 from corral.schemes.replay_server import SERVERS, ReplayClient
 
 START_TIMEOUT_S = 300.0
+log = logging.getLogger(__name__)
 
 
 def _cause(e: BaseException) -> BaseException:
@@ -128,17 +129,47 @@ class RayPool:
 
 
 class RayGradPool:
-    """M gradient workers as Ray actors (see ``corral.schemes.grad``)."""
+    """M gradient workers as Ray actors (see ``corral.schemes.grad``).
 
-    def __init__(self, cfg, num_workers: int, obs_space, act_space, cpus: float):
-        remote = ray.remote(GradientWorker)
-        self.workers = [remote.options(num_cpus=cpus, max_restarts=0).remote(cfg, obs_space, act_space, i)
-                        for i in range(num_workers)]
+    A worker whose process dies is replaced in its slot (same index, so the same seeds) and
+    its work in flight is redone: the new one loads the update's batch and replays the
+    calls of the step in progress (``begin`` and the ``resume`` calls after it; a worker's
+    computation is a function of what it is sent), then takes the call that failed. So a
+    sync run with a restart equals one without, bit for bit. ``died(index, error)`` (the
+    scheme's) counts each death and raises when the part keeps dying."""
+
+    def __init__(self, cfg, num_workers: int, obs_space, act_space, cpus: float, died=None):
+        self.remote = ray.remote(GradientWorker)
+        self.args, self.cpus, self.died = (cfg, obs_space, act_space), cpus, died
+        self.workers = [self._make(i) for i in range(num_workers)]
         self.num_workers = num_workers
         self.pending: dict = {}
+        self._batch = None  # the update's batch (object ref) every worker holds
+        self._history: list[list] = [[] for _ in range(num_workers)]  # calls of the step in progress
+
+    def _make(self, i: int):
+        cfg, obs_space, act_space = self.args
+        return self.remote.options(num_cpus=self.cpus, max_restarts=0).remote(cfg, obs_space, act_space, i)
+
+    def _replace(self, i: int, error: BaseException) -> None:
+        """Worker ``i`` died: count it (the scheme may end the run here), start a new one in
+        its slot and bring it to where the dead one stood before its last call."""
+        if not isinstance(error, RayActorError) or self.died is None:
+            raise error
+        self.died(i, error)
+        try:
+            ray.kill(self.workers[i], no_restart=True)
+        except (RayError, ValueError):
+            pass
+        self.workers[i] = w = self._make(i)
+        if self._batch is not None:
+            w.load.remote(self._batch)
+        for method, job in self._history[i][:-1]:
+            getattr(w, method).remote(*job)  # in order before the call redone; their results were used
 
     def load(self, batch: dict) -> None:
         ref = ray.put(batch)  # one object; every worker reads it
+        self._batch = ref
         for w in self.workers:
             w.load.remote(ref)  # actor tasks run in submission order: before this update's gradients
 
@@ -146,18 +177,43 @@ class RayGradPool:
         return ray.put(x)
 
     def gradients(self, params, jobs: list) -> list:
-        return ray.get([w.gradient.remote(params, *job) for w, job in zip(self.workers, jobs)])
+        return self.call("gradient", [(params, *job) for job in jobs])
 
     def call(self, method: str, jobs: list) -> list:
-        return ray.get([getattr(w, method).remote(*job) for w, job in zip(self.workers, jobs)])
+        """``method(*job)`` on worker i for the i-th job, all results in order; a worker that
+        dies meanwhile is replaced and its call redone."""
+        refs = []
+        for i, job in enumerate(jobs):
+            if method in ("gradient", "begin"):  # a new step: what came before is not needed to redo it
+                self._history[i] = []
+            self._history[i].append((method, job))
+            refs.append(getattr(self.workers[i], method).remote(*job))
+        out = []
+        for i, ref in enumerate(refs):
+            while True:
+                try:
+                    out.append(ray.get(ref))
+                    break
+                except RayError as e:
+                    self._replace(i, e)
+                    ref = getattr(self.workers[i], method).remote(*jobs[i])
+        return out
 
     def submit(self, w: int, params, tag, job, method: str = "gradient") -> None:
-        self.pending[getattr(self.workers[w], method).remote(params, *job)] = (w, tag)
+        self.pending[getattr(self.workers[w], method).remote(params, *job)] = (w, tag, method, params, job)
 
     def wait(self) -> tuple:
-        ready, _ = ray.wait(list(self.pending), num_returns=1)
-        w, tag = self.pending.pop(ready[0])
-        return w, tag, ray.get(ready[0])
+        """The first step to land; one whose worker died is handed to its replacement (async
+        steps carry their parameters, so the redone step is the one that was lost)."""
+        while True:
+            ready, _ = ray.wait(list(self.pending), num_returns=1)
+            w, tag, method, params, job = self.pending.pop(ready[0])
+            try:
+                return w, tag, ray.get(ready[0])
+            except RayError as e:
+                self._history[w] = []
+                self._replace(w, e)
+                self.submit(w, params, tag, job, method)
 
     def close(self) -> None:
         for w in self.workers:
@@ -210,15 +266,47 @@ class RayScheme(FragmentScheme):
         return RayPool(self.learner.cfg, portable_env_spec(self.learner.env_spec), self.K, self._cpus, inits)
 
     def make_grad_pool(self, algo):
-        return RayGradPool(self.learner.cfg, self.sc.grad_workers, algo.obs_space, algo.act_space, self._cpus)
+        return RayGradPool(self.learner.cfg, self.sc.grad_workers, algo.obs_space, algo.act_space, self._cpus,
+                           died=lambda i, e: self.part_died(f"gradient worker {i}", "grad", _cause(e)))
+
+    def _replay_actor(self):
+        algo = self.learner.algo
+        remote = ray.remote(SERVERS[algo.replay_items]).options(num_cpus=self._cpus, max_restarts=0)
+        self.replay_actor = remote.remote(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space,
+                                          self.learner.rng.seeds["replay"])
+        actor = self.replay_actor
+        return lambda name, *args: getattr(actor, name).remote(*args)
 
     def make_replay(self, local):
         algo = self.learner.algo
-        cls = SERVERS[algo.replay_items]
-        remote = ray.remote(cls).options(num_cpus=self._cpus, max_restarts=0)
-        actor = remote.remote(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
-        return ReplayClient(lambda name, *args: getattr(actor, name).remote(*args), ray.get, self.learner.device,
-                            local.capacity, algo.cfg.prefetch, cls)  # a replay-server algorithm declares prefetch
+        client = ReplayClient(self._replay_actor(), ray.get, self.learner.device, local.capacity,
+                              algo.cfg.prefetch, SERVERS[algo.replay_items])  # a replay-server algorithm declares prefetch
+        try:  # the server sizes its buffer where it is placed: a refusal is the run's, before it starts
+            ray.get(self.replay_actor.size.remote(), timeout=START_TIMEOUT_S)
+        except (RayError, GetTimeoutError) as e:
+            cause = _cause(e)
+            text = str(cause).strip().splitlines()
+            raise UserError(f"the replay server did not start: {type(cause).__name__}: "
+                            f"{next((ln for ln in reversed(text) if 'Error' in ln), text[-1] if text else '')}") from None
+        client.revive = lambda e: self._revive_replay(client, e)
+        return client
+
+    def _revive_replay(self, client: ReplayClient, error: BaseException) -> None:
+        """The replay server died: a new one from the learner's last checkpoint (``latest.pt``
+        holds the replay when the run saves it), the transitions sent since then counted as
+        lost; a server that raised (not died) ends the run with its error."""
+        if not isinstance(error, RayActorError):
+            raise error
+        self.part_died("the replay server", "replay", _cause(error))
+        try:
+            ray.kill(self.replay_actor, no_restart=True)
+        except (RayError, ValueError):
+            pass
+        state = self.replay_snapshot()
+        lost = client.replace(self._replay_actor(), state)
+        self.replay_lost += lost
+        log.warning("corral: the replay server died (%s); restarted from %s, %d transitions lost",
+                    _cause(error), "the last checkpoint" if state is not None else "empty", lost)
 
     def close(self, failing: bool = False) -> None:
         try:

@@ -155,15 +155,48 @@ class ReplayClient:
         self._queue: list[ReplayBatch] = []
         self._next = None  # (handle, batch_size) of the request in flight
         self._updates: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.sent = 0  # transitions sent to the server over the run (what a restart counts its loss against)
+        # ``revive(error)``: called when a result shows the server failed; it replaces the
+        # server (``replace``) or raises. None (in-process): the error propagates.
+        self.revive: Callable[[BaseException], None] | None = None
+
+    def _result(self, handle, remake: Callable[[], Any]):
+        """``get(handle)``; when the server died meanwhile, revive it and ask again (``remake``)."""
+        while True:
+            try:
+                return handle.value if isinstance(handle, Ready) else self.get(handle)
+            except Exception as e:  # noqa: BLE001 - revive decides what is a death and what is not
+                if self.revive is None:
+                    raise
+                self.revive(e)
+                handle = remake()
+
+    def replace(self, call: Callable[..., Any], state: dict | None) -> int:
+        """A new server behind this client, loaded with ``state`` (a snapshot of the old one's,
+        the learner's last checkpoint) or empty. What the dead one held since is gone: the
+        batches drawn ahead, the priorities not yet applied, the transitions sent after the
+        snapshot. Returns how many transitions were lost."""
+        self.call = call
+        self._queue, self._next, self._updates = [], None, []
+        kept = 0
+        if state is not None:
+            client = (state.get("server") or {}).get("client") or {}
+            server = {k: v for k, v in (state.get("server") or {}).items() if k not in ("client", "windows")}
+            # a sequence server's windows restart with the collectors' next fragments (no gap stitched over)
+            self.get(self.call("load_state_dict", {**state, "server": server}))
+            kept = int(client.get("sent", 0))
+        self.size = int(self.get(self.call("size")))
+        return max(0, self.sent - kept)
 
     def add(self, data, rows: int, num_envs: int, source: Any = None) -> None:
         self.call("add", data, rows, source)
+        self.sent += rows * num_envs
         if self.counts_rows:
             self.size = min(self.capacity, self.size + rows * num_envs)
 
     def can_sample(self, batch_size: int) -> bool:
         if self.size < batch_size and not self.counts_rows:  # items per fragment vary: ask (warm-up only)
-            self.size = int(self.get(self.call("size")))
+            self.size = int(self._result(self.call("size"), lambda: self.call("size")))
         return self.size >= batch_size
 
     def __len__(self) -> int:
@@ -181,8 +214,7 @@ class ReplayClient:
         if not self._queue:
             if self._next is None or self._next[1] != batch_size:
                 self._next = self._request(batch_size)
-            handle = self._next[0]
-            group = handle.value if isinstance(handle, Ready) else self.get(handle)
+            group = self._result(self._next[0], lambda: self._request(batch_size)[0])
             self._next = self._request(batch_size)  # drawn while this group trains
             self._queue = group.split(batch_size)[::-1]
         self.step += 1
@@ -205,12 +237,12 @@ class ReplayClient:
         (the rest of the current group, the group in flight) with its step counters, so a
         mid-run checkpoint resumes on the same batches."""
         self.flush()
-        state = self.get(self.call("state_dict"))
+        state = self._result(self.call("state_dict"), lambda: self.call("state_dict"))
         client: dict[str, Any] = {"queue": [batch_fields(b) for b in self._queue], "next": None,
-                                  "step": self.step, "beta_steps": self.beta_steps}
+                                  "step": self.step, "beta_steps": self.beta_steps, "sent": self.sent}
         if self._next is not None:
             handle, size = self._next
-            group = handle.value if isinstance(handle, Ready) else self.get(handle)
+            group = self._result(handle, lambda: self._request(size)[0])
             self._next = (Ready(group), size)
             client["next"], client["next_size"] = batch_fields(group), size
         state["server"] = {**state.get("server", {}), "client": client}
@@ -225,6 +257,7 @@ class ReplayClient:
             if client["next"] is not None:
                 self._next = (Ready(self.batch_cls(**client["next"])), int(client["next_size"]))
             self.step, self.beta_steps = int(client["step"]), int(client["beta_steps"])
+            self.sent = int(client.get("sent", 0))
 
 
 class LocalReplay(ReplayClient):
