@@ -118,6 +118,11 @@ def train(algo: str, env: Any = "CartPole-v1", steps: int | None = None, seed: i
     return Agent(learner.algo, cfg, path, state=learner.state_dict(), summary=summary)
 
 
+# checkpoints of other kinds, by the top-level key that marks them: key -> loader(state, device)
+# (corral.population.ensemble registers "ensemble"; corral imports it)
+CHECKPOINT_KINDS: dict[str, Any] = {}
+
+
 def build_acting_algo(cfg: C.TrainConfig, device: torch.device):
     """The algorithm of ``cfg`` built for acting only: no replay, rollout storage or optimizer state."""
     env = make_env(cfg, None, "cpu", num_envs=1, evaluation=True)
@@ -133,10 +138,9 @@ def load(path: str | Path, device: str = "auto") -> Agent:
     ckpt = resolve_checkpoint(path)
     dev = resolve_device(device)
     state = load_checkpoint(ckpt, map_location=dev)
-    if "ensemble" in state:  # written by corral.population.Ensemble.save
-        from corral.population.ensemble import load_ensemble
-
-        return load_ensemble(state, dev)
+    for key, loader in CHECKPOINT_KINDS.items():  # an ensemble's checkpoint, ...
+        if key in state:
+            return loader(state, dev)
     cfg = config_from_dict(state["config"])
     algo = build_acting_algo(cfg, dev)
     from corral.errors import UserError

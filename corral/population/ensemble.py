@@ -19,7 +19,7 @@ import torch
 
 from corral import config as C
 from corral.actors.normalizer import RunningNormalizer
-from corral.agent import Agent, build_acting_algo, config_from_dict, evaluate, load
+from corral.agent import CHECKPOINT_KINDS, Agent, build_acting_algo, config_from_dict, evaluate, load
 from corral.algos.base import Policy
 from corral.errors import UserError
 
@@ -191,6 +191,9 @@ def load_ensemble(state: dict, device: torch.device):
     ens = Ensemble(agents, state[FORMAT_KEY]["weights"])
     ens.member_returns = state[FORMAT_KEY].get("member_returns")
     return ens
+
+
+CHECKPOINT_KINDS[FORMAT_KEY] = load_ensemble  # corral.load reads an ensemble's checkpoint through it
 
 
 def _normalizer_prefixes(module: torch.nn.Module) -> list[str]:
