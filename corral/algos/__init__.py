@@ -15,6 +15,7 @@ from corral.algos.crossq import CrossQ
 from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.mdqn import MunchausenDQN
 from corral.algos.mappo import MAPPO
+from corral.algos.qmix import QMIX
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
 from corral.algos.redq import DROQ_OVERRIDES, REDQ
@@ -83,6 +84,10 @@ ALGOS: dict[str, AlgoSpec] = {
                       "on the global state, value normalization (PettingZoo / MPE envs)"),
     "ippo": AlgoSpec(MAPPO, {"centralized_value": False}, "IPPO: independent PPO, shared actor-critic with agent "
                      "ids, each agent's value on its own observation (PettingZoo / MPE envs)"),
+    "qmix": AlgoSpec(QMIX, help="QMIX: per-agent Q mixed monotonically by hypernetworks of the global state, "
+                     "double-Q targets (PettingZoo / MPE envs, discrete)"),
+    "vdn": AlgoSpec(QMIX, {"mixer": "vdn"}, "VDN: per-agent Q summed into the team's value (PettingZoo / MPE envs, "
+                    "discrete)"),
 }
 
 

@@ -38,7 +38,9 @@ agent's slot is fixed by ``possible_agents``: a vanished agent's observation is 
 ``agent_mask`` 0 (it is never given an action), other agents' data never moves. The step in
 which an agent ends still carries its last observation in its slot (PettingZoo returns it),
 with ``agent_mask`` 0 after it, so an agent's final observation at step ``t`` is always
-``final_obs[n, a]``. An agent that vanishes without a termination or truncation flag is
+``final_obs[n, a]``. Where the episode ended, no agent acts again, and the final observation's
+``agent_mask`` marks the agents that were truncated (cut off, so a team value target
+bootstraps from them: QMIX, VDN) rather than agents that will act. An agent that vanishes without a termination or truncation flag is
 reported terminated. Agents added mid-episode appear with ``agent_mask`` 1.
 
 **Heterogeneous spaces are padded**: observations to the largest flat size with zeros;
@@ -496,6 +498,9 @@ class MultiAgentVecEnv:
             self.ep_len[i] += 1
             self._pack(i, env, o, obs[i], infos or {})
             if not self.live[i]:  # the episode is over: no agent left to act
+                # a final observation's agent mask marks the agents cut off by truncation (whose values
+                # a target bootstraps), not agents that will act: none will
+                obs[i, L.mask_start:L.action_mask_start] = trunc[i]
                 if final is None:
                     final = obs.copy()
                 else:
