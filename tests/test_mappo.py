@@ -167,8 +167,7 @@ def test_cli_trains_mappo_on_mpe_and_evaluates_team_and_agent_returns(tmp_path, 
 
 def test_single_and_multi_agent_mismatches_are_user_errors():
     with pytest.raises(UserError, match="single-agent"):
-        Learner(build_config("ppo", LEAVING.replace("LeavingEnv", "LeavingEnv"), sets=QUIET), None) \
-            if False else Learner(build_config("ppo", "mpe:simple_spread_v3", sets=QUIET), None)
+        Learner(build_config("ppo", "mpe:simple_spread_v3", sets=QUIET), None)
     with pytest.raises(UserError, match="not a PettingZoo env"):
         Learner(build_config("mappo", "CartPole-v1", sets=QUIET), None)
     with pytest.raises(UserError, match="Ray collectors"):
@@ -177,21 +176,18 @@ def test_single_and_multi_agent_mismatches_are_user_errors():
 
 
 def test_agent_acts_on_a_dict_of_agent_observations():
-    lr = learner()
-    agent = corral.Agent(lr.algo, lr.cfg) if hasattr(corral, "Agent") else None
     from corral.agent import Agent
-
-    agent = Agent(lr.algo, lr.cfg)
     from ma_envs import LeavingEnv
 
+    lr = learner()
+    agent = Agent(lr.algo, lr.cfg)
     env = LeavingEnv()
-    obs, infos = env.reset(seed=0)
+    obs, infos = env.reset(seed=lr.rng.env_seed())  # what env 0 of the learner's vector env saw
     obs = {a: ({"observation": o, "action_mask": infos[a]["action_mask"]} if "action_mask" in infos[a] else o)
            for a, o in obs.items()}
     acts = agent.act(obs)
-    assert set(acts) == {"agent_0", "agent_1", "agent_2"} and acts["agent_0"] != 2
-    packed = torch.as_tensor(lr.env.layout.split(lr.obs).obs)  # the vector env's first observation, env 0
-    assert np.allclose(packed[0, 0].numpy(), np.asarray(obs["agent_0"]["observation"])) or True
+    packed = lr.algo.act(lr.obs)[0].tolist()  # the same policy on the vector env's packed rows
+    assert acts == dict(zip(lr.algo.layout.agents, packed)) and acts["agent_0"] != 2
     del obs["agent_1"]  # an absent agent gets no action
     assert set(agent.act(obs)) == {"agent_0", "agent_2"}
     with pytest.raises(UserError, match="expected 3"):
@@ -207,3 +203,16 @@ def test_learns_the_leaving_game(algo):
         f"{algo}.lr=0.003", "eval.episodes=20"])
     summary = Learner(cfg, None).train()
     assert summary["eval_return"] >= 5.5, summary["eval"]
+
+
+def test_box_actions_are_scaled_to_the_agents_bounds():
+    pytest.importorskip("mpe2")
+    lr = learner(env="mpe:simple_spread_v3", steps=100, sets=["env.kwargs={continuous_actions: true}",
+                                                                "mappo.n_steps=25", "mappo.log_std_init=1.0"])
+    assert not lr.algo.layout.discrete and lr.algo.actor.stored_action() == ((5,), torch.float32)
+    lr.train()
+    assert lr.algo.updates == 2
+    env_action, extras = lr.algo.explore(lr.obs)
+    assert env_action.shape == (2, 3, 5) and extras.action.shape == (6, 5)
+    assert (env_action >= 0).all() and (env_action <= 1).all()  # MPE's Box(0, 1): unit Gaussian samples scaled
+    assert (extras.action.abs() > 1).any()  # (wide samples, clipped into the bounds)
