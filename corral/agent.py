@@ -53,9 +53,15 @@ class Agent:
         ``RecurrentPPO.predict`` does: ``action, state = agent.act(obs, state, episode_start)``,
         ``state`` ``[B, state_dim]`` (None: new episodes, zeros) and ``episode_start`` ``[B]``
         bool, True where ``obs`` is the first of an episode (the state is reset there; None:
-        True when no state is given, else False). Others return the action alone."""
+        True when no state is given, else False). Others return the action alone.
+
+        A multi-agent agent (``mappo``, ``qmix``, ...) also takes one env's observations as a dict
+        ``{agent: observation}`` (as PettingZoo's ``reset`` and ``step`` give them; absent agents
+        left out) and returns ``{agent: action}``."""
         if isinstance(state, bool) and episode_start is None:  # act(obs, False): the old positional deterministic
             state, deterministic = None, state
+        if isinstance(obs, dict) and self.algo.multi_agent:  # {agent: observation} of one env
+            return self.algo.act_dict(obs, deterministic)
         arr = np.asarray(obs)
         single = arr.shape == self.obs_shape
         if not single and arr.shape[1:] != self.obs_shape:

@@ -277,6 +277,8 @@ def _cmd_list(args) -> int:
     print("  mujoco           HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5    (pip install 'corral[mujoco]')")
     print("  atari            ALE/Pong-v5, ALE/Breakout-v5, ...                  (pip install 'corral[atari]')")
     print("  native           native:CartPole-v1, native:Pendulum-v1, ...        (torch-batched, CPU or GPU)")
+    print("  multi-agent      mpe:simple_spread_v3, pettingzoo:family.name_vN     (pip install 'corral[multiagent]';")
+    print("                   PettingZoo envs for mappo, ippo, qmix, vdn: docs/multiagent.md)")
     print("  your own         package.module:callable, path/to/file.py:Class, corral.register(name, factory)")
     return 0
 

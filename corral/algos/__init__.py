@@ -14,6 +14,8 @@ from corral.algos.distributional import C51, IQN, QRDQN, RAINBOW_OVERRIDES
 from corral.algos.crossq import CrossQ
 from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.mdqn import MunchausenDQN
+from corral.algos.mappo import MAPPO
+from corral.algos.qmix import QMIX
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
 from corral.algos.redq import DROQ_OVERRIDES, REDQ
@@ -78,6 +80,14 @@ ALGOS: dict[str, AlgoSpec] = {
     "apex_rainbow": AlgoSpec(ApexRainbow, help="Ape-X over C51: distributed PER, double, dueling, 3-step (discrete)"),
     "apex_ddpg": AlgoSpec(ApexTD3, DDPG_OVERRIDES, "Ape-X DDPG: distributed prioritized replay, noise ladder"),
     "apex_td3": AlgoSpec(ApexTD3, help="Ape-X over TD3 (twin critics, delayed actor, target smoothing)"),
+    "mappo": AlgoSpec(MAPPO, help="MAPPO: multi-agent PPO, shared actor-critic with agent ids, centralised value "
+                      "on the global state, value normalization (PettingZoo / MPE envs)"),
+    "ippo": AlgoSpec(MAPPO, {"centralized_value": False}, "IPPO: independent PPO, shared actor-critic with agent "
+                     "ids, each agent's value on its own observation (PettingZoo / MPE envs)"),
+    "qmix": AlgoSpec(QMIX, help="QMIX: per-agent Q mixed monotonically by hypernetworks of the global state, "
+                     "double-Q targets (PettingZoo / MPE envs, discrete)"),
+    "vdn": AlgoSpec(QMIX, {"mixer": "vdn"}, "VDN: per-agent Q summed into the team's value (PettingZoo / MPE envs, "
+                    "discrete)"),
 }
 
 

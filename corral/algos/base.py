@@ -59,6 +59,9 @@ class Step(NamedTuple):
     # (None: ``truncated`` is the env's). Episode state (PPO's discounted return for reward
     # scaling) follows the env's episodes, not fragments.
     env_truncated: torch.Tensor | None = None
+    # A multi-agent env's per-agent rewards and flags ``[N, A]`` (``corral.envs.multiagent.AgentStep``,
+    # ``info["agents"]``); None for single-agent envs
+    agents: Any = None
 
     def episode_ended(self) -> torch.Tensor:
         """Where the env's episode ended in this step (terminated or truncated by the env)."""
@@ -142,6 +145,8 @@ class Algorithm:
     replay_items: ClassVar[str] = "transitions"
     # acts from a recurrent state (``initial_state``, ``act_recurrent``; ``policy`` keeps it)
     recurrent: ClassVar[bool] = False
+    # takes multi-agent envs (packed observations with an agent layout: corral.envs.multiagent)
+    multi_agent: ClassVar[bool] = False
     actor: torch.nn.Module
     total_steps: int = 1  # the run's step budget, set by the Learner; drives schedules like epsilon
 

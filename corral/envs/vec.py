@@ -37,6 +37,7 @@ def make_vec_env(
     check_finite: bool = True,
     max_episode_steps: int | None = None,
     mask_obs: tuple[int, ...] | None = None,
+    multi_agent: bool | None = None,
 ) -> HostVecEnv:
     """Build N envs for ``spec`` on ``backend``; the one entry point every caller uses.
 
@@ -60,12 +61,24 @@ def make_vec_env(
     limit; Atari's is 108,000 frames). Native envs keep their built-in limit and refuse one.
 
     ``mask_obs``: observation entries to zero (``corral.envs.masked``), for Box observations.
+
+    ``multi_agent``: build a :class:`corral.envs.multiagent.MultiAgentVecEnv` (PettingZoo envs,
+    an agent dimension); None decides from ``spec`` (``mpe:`` / ``pettingzoo:`` ids, PettingZoo
+    instances and classes); multi-agent algorithms pass True (a ``module:callable`` then
+    returns a PettingZoo env).
     """
     if num_envs < 1:
         raise UserError(f"env.num_envs must be >= 1, got {num_envs}")
     if on_error not in ("raise", "restart"):
         raise UserError(f"on_error must be 'raise' or 'restart', got {on_error!r}")
     name = env_name(spec)
+    from corral.envs.multiagent import is_multiagent_spec, make_multiagent_vec_env
+
+    if multi_agent or (multi_agent is None and is_multiagent_spec(spec)):
+        if mask_obs:
+            raise UserError(f"env.mask_obs applies to single-agent envs, not the multi-agent {name!r}")
+        return make_multiagent_vec_env(spec, num_envs, kwargs, device, backend, max_episode_steps=max_episode_steps,
+                                       check_finite=check_finite)
     if mask_obs and (backend in ("native", "envpool") or (isinstance(spec, str) and spec.startswith("native:"))):
         raise UserError(f"env.mask_obs applies to sync and subproc envs, not the {backend} backend of {name!r}: "
                         "use env.backend=sync (or native:CartPoleNoVel-v1 for a masked native CartPole)")

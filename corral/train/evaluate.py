@@ -229,6 +229,7 @@ class Played(NamedTuple):
     at_cap: int  # episodes that ended truncated (an episode cap, not the game)
     timed_out: bool  # stopped at the time budget with fewer episodes than asked for
     seconds: float
+    agent_returns: list | None = None  # a multi-agent env's per-agent returns of the same episodes
 
 
 EpisodeCallback = Callable[[int, int, float, float], None]  # (finished, asked for, running mean, seconds)
@@ -253,6 +254,7 @@ def play_episodes(act: Callable[[torch.Tensor], torch.Tensor], env, episodes: in
     lengths: list[int] = []
     at_cap = 0
     timed_out = False
+    agent_returns: list | None = None
     obs = env.reset(seed=seed)
     for _ in range(max_steps):
         if (counts >= targets).all():
@@ -267,15 +269,21 @@ def play_episodes(act: Callable[[torch.Tensor], torch.Tensor], env, episodes: in
             ep_ret = info["episode_return"].cpu().numpy()
             ep_len = info["episode_length"].cpu().numpy()
             capped = (trunc & ~term).cpu().numpy()
+            per_agent = info.get("agent_returns")  # multi-agent envs (corral.envs.multiagent)
+            if per_agent is not None:
+                per_agent = per_agent.cpu().numpy()
+                agent_returns = [] if agent_returns is None else agent_returns
             for i in np.nonzero(done)[0]:
                 if counts[i] < targets[i]:
+                    if per_agent is not None:
+                        agent_returns.append(per_agent[i].tolist())
                     returns.append(float(ep_ret[i]))
                     lengths.append(int(ep_len[i]))
                     at_cap += int(capped[i])
                     counts[i] += 1
                     if on_episode is not None:
                         on_episode(len(returns), episodes, float(np.mean(returns)), time.perf_counter() - t0)
-    return Played(returns, lengths, at_cap, timed_out, time.perf_counter() - t0)
+    return Played(returns, lengths, at_cap, timed_out, time.perf_counter() - t0, agent_returns)
 
 
 def run_episodes(act: Callable[[torch.Tensor], torch.Tensor], env, episodes: int, seed: int | None = None,
@@ -347,6 +355,8 @@ def evaluate_policy(act: Callable[[torch.Tensor], torch.Tensor], env, episodes: 
         "mean_length": float(np.mean(played.lengths)) if played.lengths else float("nan"),
         "protocol": protocol.as_dict(),
     })
+    if played.agent_returns:  # multi-agent: each agent's mean return beside the team's (``mean_return``)
+        out["agent_returns"] = np.mean(played.agent_returns, axis=0).tolist()
     return out
 
 

@@ -31,6 +31,23 @@ from corral.train.hooks import CheckpointHook, EvalHook, MetricsHook, ProgressHo
 from corral.train.setup import build_config, make_env, new_run_dir, resolve_device
 
 
+def check_agents(cls, env, cfg) -> None:
+    """A multi-agent algorithm needs a multi-agent env and the other way round."""
+    from corral.envs.multiagent import is_multiagent_space
+    from corral.errors import UserError
+
+    env_ma = is_multiagent_space(env.single_observation_space)
+    if env_ma and not cls.multi_agent:
+        raise UserError(f"env {cfg.env.id!r} is multi-agent and {cfg.algo} is a single-agent algorithm; use a "
+                        "multi-agent one (ippo, mappo, vdn, qmix)")
+    if cls.multi_agent and not env_ma:
+        raise UserError(f"{cfg.algo} is a multi-agent algorithm and env {cfg.env.id!r} is not a PettingZoo env; "
+                        "give mpe:NAME, pettingzoo:family.name or a module:callable returning a PettingZoo env")
+    if cls.multi_agent and (cfg.scheme.collectors > 1 or cfg.scheme.grad_workers > 1):
+        raise UserError(f"{cfg.algo}: Ray collectors and gradient workers are not built for multi-agent "
+                        "algorithms yet; leave scheme.collectors and scheme.grad_workers at 1")
+
+
 class EpisodeTally:
     """Episode ends of a device-resident run, kept on the device: each step's flags, returns
     and lengths go into preallocated rows, read back in one go (in the order they ended, as
@@ -103,6 +120,7 @@ class Learner:
         if self.env is None:
             self.env = make_env(cfg, self.env_spec, self.device)
         cls = self.algo_cls or get_algo(cfg.algo).cls
+        check_agents(cls, self.env, cfg)
         self.algo = cls(cfg.algo_cfg, self.env.single_observation_space, self.env.single_action_space,
                         self.env.num_envs, self.device, self.rng)
         self.algo.total_steps = cfg.steps
@@ -171,7 +189,8 @@ class Learner:
             with no_grad:
                 env_action, extras = algo.explore(obs)
                 next_obs, reward, terminated, truncated, info = env.step(env_action)
-                algo.observe(Step(obs, extras, reward, terminated, truncated, info["final_obs"], next_obs))
+                algo.observe(Step(obs, extras, reward, terminated, truncated, info["final_obs"], next_obs,
+                                  agents=info.get("agents")))
                 algo.episodes_ended(terminated | truncated)
             obs = next_obs
             self.obs = obs

@@ -31,9 +31,10 @@ def make_env(cfg: C.TrainConfig, spec: Any = None, device: Any = "cpu", num_envs
     spec = spec if spec is not None else ec.id
     atari = ("eval" if evaluation else True) if ec.atari_wrappers else False
     cap = (max_episode_steps or cfg.eval.max_episode_steps) if evaluation else None
+    multi_agent = True if get_algo(cfg.algo).cls.multi_agent else None  # else: as the env spec says
     return make_vec_env(spec, num_envs or ec.num_envs, env_kwargs(cfg, spec), device, ec.backend,
                         atari_wrappers=atari, strict=ec.strict, on_error=ec.on_error, max_episode_steps=cap,
-                        mask_obs=ec.mask_obs)
+                        mask_obs=ec.mask_obs, multi_agent=multi_agent)
 
 
 def env_kwargs(cfg: C.TrainConfig, spec: Any = None) -> dict:

@@ -1,0 +1,167 @@
+"""Multi-agent actors: the agent dimension folded into the batch.
+
+A packed multi-agent observation ``[N, F]`` (``corral.envs.multiagent``) becomes ``N * A``
+rows, one per (env, agent) column, env-major (row ``n * A + a``). A row holds what one
+agent's policy and value see: ``[policy input | value input | action mask]``, the policy
+input the agent's own observation (plus a one-hot agent id when parameters are shared), the
+value input the global state (MAPPO's centralised value; plus the agent id) or the agent's
+own observation (IPPO). Rollouts store these rows, so PPO's loss, minibatching and
+checkpoints run on them unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from corral.actors.actor_critic import ActionScaler
+from corral.envs.multiagent import AgentLayout
+from corral.nets import MLP, CategoricalHead, DiagGaussianHead
+
+
+class ValueNorm(nn.Module):
+    """Running mean and variance of value targets with debiased exponential averages (the
+    MAPPO code's ``ValueNorm``, Yu et al. 2022): the value net predicts normalized values,
+    its loss is on normalized returns, and GAE reads values denormalized. ``enabled=False``
+    is the identity."""
+
+    def __init__(self, beta: float = 0.99999, eps: float = 1e-5, enabled: bool = True):
+        super().__init__()
+        self.beta, self.eps, self.enabled = beta, eps, enabled
+        self.register_buffer("running_mean", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("running_mean_sq", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("debiasing_term", torch.zeros((), dtype=torch.float64))
+
+    def stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        d = self.debiasing_term.clamp(min=self.eps)
+        mean = self.running_mean / d
+        var = (self.running_mean_sq / d - mean.square()).clamp(min=1e-2)
+        return mean, var
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        if not self.enabled or x.numel() == 0:
+            return
+        x = x.double()
+        b = self.beta
+        self.running_mean.mul_(b).add_(x.mean() * (1 - b))
+        self.running_mean_sq.mul_(b).add_(x.square().mean() * (1 - b))
+        self.debiasing_term.mul_(b).add_(1 - b)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return x
+        mean, var = self.stats()
+        return ((x - mean) / var.sqrt()).to(x.dtype)
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return x
+        mean, var = self.stats()
+        return (x * var.sqrt() + mean).to(x.dtype)
+
+
+class MultiAgentActorCritic(nn.Module):
+    """One policy and one value MLP shared by all agents (agent id in their inputs), on the
+    rows ``columns`` builds. Discrete actions: a categorical head whose logits are masked by
+    the agent's action mask (padding included); Box actions: a diagonal Gaussian in unit
+    space, scaled to the agents' (common) bounds."""
+
+    def __init__(self, layout: AgentLayout, centralized_value: bool = True, agent_id: bool = True,
+                 hidden: tuple[int, ...] = (64, 64), activation: str = "tanh", log_std_init: float = 0.0,
+                 value_norm: bool = True, value_norm_beta: float = 0.99999):
+        super().__init__()
+        self.layout = layout
+        A = layout.n_agents
+        self.centralized_value, self.agent_id = centralized_value, agent_id
+        ids = A if agent_id else 0
+        self.pi_dim = layout.obs_dim + ids
+        self.v_dim = (layout.state_dim if centralized_value else layout.obs_dim) + ids
+        self.mask_dim = layout.n_actions if layout.discrete else 0
+        self.register_buffer("eye", torch.eye(A), persistent=False)
+        space = layout.agent_action_space()
+        self.discrete = layout.discrete
+        if self.discrete:
+            self.head = CategoricalHead()
+            self.scaler = None
+        else:
+            self.head = DiagGaussianHead(layout.n_actions, log_std_init)
+            self.scaler = ActionScaler(space)
+        self.pi = MLP(self.pi_dim, tuple(hidden), activation, out_dim=layout.n_actions, out_gain=0.01)
+        self.v = MLP(self.v_dim, tuple(hidden), activation, out_dim=1, out_gain=1.0)
+        self.value_norm = ValueNorm(value_norm_beta, enabled=value_norm)
+
+    # --- rows
+    def row_dim(self) -> int:
+        return self.pi_dim + self.v_dim + self.mask_dim
+
+    def columns(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed observations ``[N, F]`` -> (rows ``[N * A, row_dim]``, agent present ``[N * A]``)."""
+        L = self.layout
+        view = L.split(packed)
+        N, A = packed.shape[0], L.n_agents
+        parts = [view.obs]
+        ids = self.eye.expand(N, A, A) if self.agent_id else None
+        if ids is not None:
+            parts.append(ids)
+        parts.append(view.state.unsqueeze(1).expand(N, A, L.state_dim) if self.centralized_value else view.obs)
+        if ids is not None:
+            parts.append(ids)
+        if self.discrete:
+            parts.append(view.action_mask.to(packed.dtype))
+        return torch.cat(parts, dim=-1).reshape(N * A, -1), view.agent_mask.reshape(N * A)
+
+    def stored_obs(self) -> tuple[tuple[int, ...], torch.dtype]:
+        return (self.row_dim(),), torch.float32
+
+    def stored_action(self) -> tuple[tuple[int, ...], torch.dtype]:
+        return ((), torch.long) if self.discrete else ((self.layout.n_actions,), torch.float32)
+
+    def normalize(self, x: torch.Tensor, update: bool = False) -> torch.Tensor:
+        return x  # rows are stored as built
+
+    # --- what PPO's loss calls
+    def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw policy output (masked logits / mean) and the (normalized) value of rows ``x``."""
+        p, v = self.pi_dim, self.pi_dim + self.v_dim
+        logits = self.pi(x[:, :p])
+        if self.discrete:
+            logits = logits.masked_fill(x[:, v:] < 0.5, -1e8)  # invalid and padded actions: probability 0
+        return logits, self.v(x[:, p:v]).squeeze(-1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, value = self.outputs(x)
+        return self.head(logits), value
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        p, v = self.pi_dim, self.pi_dim + self.v_dim
+        return self.v(x[:, p:v]).squeeze(-1)
+
+    def evaluate_actions(self, x: torch.Tensor, action: torch.Tensor):
+        params, value = self.forward(x)
+        return self.head.log_prob(params, action), self.head.entropy(params), value
+
+    def to_env(self, action: torch.Tensor, n: int) -> torch.Tensor:
+        A = self.layout.n_agents
+        if self.discrete:
+            return action.reshape(n, A)
+        return self.scaler(action).reshape(n, A, -1)
+
+    # --- acting
+    def explore(self, packed: torch.Tensor, generator: torch.Generator | None = None):
+        """(env actions ``[N, A(, K)]``, actions, log-probs, denormalized values, rows), rows ``[N * A]``."""
+        x, _ = self.columns(packed)
+        params, value = self.forward(x)
+        action = self.head.sample(params, generator)
+        return (self.to_env(action, packed.shape[0]), action, self.head.log_prob(params, action),
+                self.value_norm.denormalize(value), x)
+
+    @torch.no_grad()
+    def act(self, packed: torch.Tensor, deterministic: bool = True, generator: torch.Generator | None = None):
+        x, _ = self.columns(packed)
+        logits = self.pi(x[:, :self.pi_dim])
+        if self.discrete:
+            logits = logits.masked_fill(x[:, self.pi_dim + self.v_dim:] < 0.5, -1e8)
+        params = self.head(logits)
+        action = self.head.mode(params) if deterministic else self.head.sample(params, generator)
+        return self.to_env(action, packed.shape[0])

@@ -1,0 +1,209 @@
+"""Value decomposition for cooperative teams: VDN (Sunehag et al. 2018) and QMIX (Rashid et
+al. 2018), on the replay family's loop (``corral.algos.offpolicy``).
+
+Each agent has a Q-network over its own observation (one network shared by all agents, a
+one-hot agent id in its input); the team's value is a mix of the agents' chosen Q-values:
+
+* ``vdn``: ``Q_tot = sum_a Q_a``;
+* ``qmix``: ``Q_tot = w2(s)^T elu(W1(s)^T q + b1(s)) + V(s)``, the weights ``W1``, ``w2``
+  produced by hypernetworks of the global state ``s`` and made non-negative (``abs``), so
+  ``Q_tot`` is monotone in every ``Q_a`` and each agent's greedy action is the team's.
+
+The replay holds team transitions of the packed multi-agent observation
+(``corral.envs.multiagent``: per-agent observations, state, masks), the joint action, the
+team reward and the env's episode flags, with n-step targets and PER from the replay family.
+The TD target is ``r + gamma^n * Q_tot_target(s', argmax_a Q_a(o'_a))``: double Q (the online
+agents pick, the target agents and target mixer score) or the target's own max. Absent
+agents' Q-values enter the mixer as 0 (they contribute nothing), and only valid actions
+(the action mask, padding included) are picked, by acting and by the target alike.
+Transitions are sampled one at a time (transition replay), with feed-forward agents.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from corral.algos.base import Action
+from corral.algos.mappo import act_dict
+from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
+from corral.config import option
+from corral.envs.multiagent import AgentLayout, agent_layout
+from corral.errors import UserError
+from corral.nets import MLP
+
+
+@dataclass
+class QMIXConfig(OffPolicyConfig):
+    mixer: Literal["qmix", "vdn"] = option("qmix", "qmix (monotonic hypernetwork mixer on the state) or vdn (sum)")
+    mixing_embed_dim: int = option(32, "QMIX: width of the mixing network", ge=1)
+    hypernet_hidden: int = option(64, "QMIX: hidden width of the hypernetworks (0: one linear layer each)", ge=0)
+    double: bool = option(True, "double Q: the online agents pick the next actions, the target scores them")
+    agent_id: bool = option(True, "a one-hot agent id in the shared agent network's input")
+    loss: Literal["mse", "huber"] = option("mse", "TD loss on Q_tot")
+    exploration_fraction: float = option(0.1, "fraction of the run over which epsilon decays", ge=0, le=1)
+    exploration_initial_eps: float = option(1.0, "epsilon at the start", ge=0, le=1)
+    exploration_final_eps: float = option(0.05, "epsilon after the decay", ge=0, le=1)
+    # pymarl's settings, in env steps: hard target copies, Adam at 5e-4, 64-unit agents
+    buffer_size: int = option(100_000, "replay capacity in team transitions (all envs together)", ge=1)
+    learning_starts: int = option(1000, "env steps collected before the first update", ge=0)
+    batch_size: int = option(128, "team transitions per gradient step", ge=1)
+    lr: float = option(5e-4, "Adam learning rate", gt=0)
+    tau: float = option(1.0, "Polyak coefficient for the target networks (1.0: hard copy)", gt=0, le=1)
+    target_update_interval: int = option(2000, "update the target networks every this many env steps", ge=1)
+    hidden: tuple[int, ...] = option((64,), "hidden layer sizes of the agent Q-network", ge=1)
+    max_grad_norm: float | None = option(10.0, "global gradient norm clip (None: off)", gt=0)
+
+
+class AgentQ(nn.Module):
+    """One Q-network for every agent: ``q(packed) -> [B, A, K]`` (invalid actions -inf)."""
+
+    def __init__(self, layout: AgentLayout, hidden, activation: str, agent_id: bool):
+        super().__init__()
+        self.layout, self.agent_id = layout, agent_id
+        A = layout.n_agents
+        self.register_buffer("eye", torch.eye(A), persistent=False)
+        self.net = MLP(layout.obs_dim + (A if agent_id else 0), tuple(hidden), activation, out_dim=layout.n_actions)
+
+    def q(self, packed: torch.Tensor) -> torch.Tensor:
+        view = self.layout.split(packed)
+        x = view.obs
+        if self.agent_id:
+            B, A = x.shape[:2]
+            x = torch.cat([x, self.eye.expand(B, A, A)], -1)
+        return self.net(x).masked_fill(~view.action_mask, float("-inf"))
+
+    @torch.no_grad()
+    def act(self, packed: torch.Tensor, deterministic: bool = True, generator=None) -> torch.Tensor:
+        return self.q(packed).argmax(-1)
+
+
+class VDNMixer(nn.Module):
+    def forward(self, q: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        return q.sum(-1)
+
+
+class QMixer(nn.Module):
+    """The monotonic mixer: weights from hypernetworks of the state, made non-negative with abs."""
+
+    def __init__(self, n_agents: int, state_dim: int, embed: int = 32, hyper_hidden: int = 64):
+        super().__init__()
+        self.n_agents, self.embed = n_agents, embed
+
+        def hyper(out: int) -> nn.Module:
+            if hyper_hidden <= 0:
+                return nn.Linear(state_dim, out)
+            return nn.Sequential(nn.Linear(state_dim, hyper_hidden), nn.ReLU(), nn.Linear(hyper_hidden, out))
+
+        self.hyper_w1 = hyper(n_agents * embed)
+        self.hyper_w2 = hyper(embed)
+        self.hyper_b1 = nn.Linear(state_dim, embed)
+        self.hyper_v = nn.Sequential(nn.Linear(state_dim, embed), nn.ReLU(), nn.Linear(embed, 1))
+
+    def weights(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The non-negative mixing weights ``W1 [B, A, E]`` and ``w2 [B, E]`` for ``state``."""
+        return (self.hyper_w1(state).abs().view(-1, self.n_agents, self.embed), self.hyper_w2(state).abs())
+
+    def forward(self, q: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        w1, w2 = self.weights(state)
+        hidden = F.elu(torch.bmm(q.unsqueeze(1), w1).squeeze(1) + self.hyper_b1(state))
+        return (hidden * w2).sum(-1) + self.hyper_v(state).squeeze(-1)
+
+
+class QMIX(OffPolicy):
+    """QMIX; ``vdn`` is this class with ``mixer=vdn``."""
+
+    name = "qmix"
+    Config = QMIXConfig
+    multi_agent = True
+    value_method = True
+    networks = ("actor", "mixer", "target", "target_mixer")
+    optimizers = ("optimizer",)
+
+    def __init__(self, cfg: QMIXConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
+        layout = agent_layout(obs_space)
+        if layout is None:
+            raise UserError(f"{type(self).name} needs a multi-agent env (mpe:NAME, pettingzoo:family.name, or a "
+                            "module:callable returning a PettingZoo env)")
+        if not layout.discrete:
+            raise UserError(f"{type(self).name} needs Discrete actions; the env's agents have Box actions "
+                            "(mpe envs: env.kwargs.continuous_actions=false)")
+        if cfg.normalize_obs:
+            raise UserError(f"{type(self).name}.normalize_obs is not built for multi-agent networks; leave it false")
+        self.layout = layout
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
+        self.actor = self._build(lambda: AgentQ(layout, cfg.hidden, cfg.activation, cfg.agent_id).to(device))
+        self.mixer = self._build(lambda: (VDNMixer() if cfg.mixer == "vdn" else QMixer(
+            layout.n_agents, layout.state_dim, cfg.mixing_embed_dim, cfg.hypernet_hidden)).to(device))
+        self.target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.target_mixer = copy.deepcopy(self.mixer).requires_grad_(False)
+        self.optimizer = self._optimizer(list(self.actor.parameters()) + list(self.mixer.parameters()), cfg.lr)
+
+    @property
+    def epsilon(self) -> float:
+        cfg = self.cfg
+        frac = min(1.0, self.env_steps / max(1.0, cfg.exploration_fraction * self.total_steps))
+        return cfg.exploration_initial_eps + frac * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
+
+    # --- acting
+    def explore(self, obs):
+        view = self.layout.split(obs)
+        g = self.rng["noise"]
+        # a uniformly random valid action per agent (the exponential race over the valid ones)
+        e = torch.empty(view.action_mask.shape, device=self.device).exponential_(generator=g)
+        random_action = (-e.log_()).masked_fill(~view.action_mask, float("-inf")).argmax(-1)
+        explore_mask = torch.rand(random_action.shape, generator=g, device=self.device) < self.epsilon
+        action = random_action if bool(explore_mask.all()) else \
+            torch.where(explore_mask, random_action, self.actor.q(obs).argmax(-1))
+        return action, Action(action)
+
+    def act(self, obs, deterministic: bool = True):
+        return self.actor.act(obs)
+
+    def act_dict(self, obs: dict, deterministic: bool = True) -> dict:
+        """``{agent: observation}`` of one env -> ``{agent: action}`` (see ``corral.algos.mappo.act_dict``)."""
+        return act_dict(self, obs, deterministic)
+
+    # --- learning
+    def chosen(self, q: torch.Tensor, action: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """``Q_a(o_a, u_a)`` ``[B, A]``, 0 for absent agents (they add nothing to the mix)."""
+        return q.gather(-1, action.long().unsqueeze(-1)).squeeze(-1).masked_fill(~present, 0.0)
+
+    def td_target(self, batch) -> torch.Tensor:
+        nxt = self.layout.split(batch.next_obs)
+        tq = self.target.q(batch.next_obs)
+        if self.cfg.double:
+            pick = self.actor.q(batch.next_obs).argmax(-1)
+        else:
+            pick = tq.argmax(-1)
+        next_q = self.chosen(tq, pick, nxt.agent_mask)
+        return batch.reward + batch.discount * self.target_mixer(next_q, nxt.state)
+
+    def phases(self, batch, noise, shared=None):
+        cfg = self.cfg
+        view = self.layout.split(batch.obs)
+        q = self.chosen(self.actor.q(batch.obs), batch.action, view.agent_mask)
+        q_tot = self.mixer(q, view.state)
+        with torch.no_grad():
+            target = self.td_target(batch)
+        err = q_tot - target
+        per_sample = err.square() if cfg.loss == "mse" else F.smooth_l1_loss(q_tot, target, reduction="none")
+        loss = (per_sample * batch.weights).mean() if cfg.prioritized else per_sample.mean()
+        yield self.optimizer, loss
+        stats = {"q_loss": loss.detach(), "q_tot_mean": q_tot.detach().mean(), "target_mean": target.mean()}
+        return stats, (err.detach().abs() if cfg.prioritized else None)
+
+    def target_update(self) -> None:
+        self.polyak(self.target, self.actor, self.cfg.tau, self._pairs)
+        if self.cfg.mixer == "qmix":  # VDN's sum has no parameters
+            self.polyak(self.target_mixer, self.mixer, self.cfg.tau, self._pairs)
+
+    def update(self, progress):
+        out = super().update(progress)
+        out["epsilon"] = self.epsilon
+        return out

@@ -1,0 +1,586 @@
+"""Multi-agent envs: PettingZoo's Parallel API (AEC envs through PettingZoo's own
+``aec_to_parallel``), MPE from ``mpe2`` by name, vectorised with corral's contract plus an
+agent dimension.
+
+What a user names:
+
+* ``mpe:simple_spread_v3`` (any ``mpe2`` module: ``simple_adversary_v3``, ``simple_tag_v3``, ...);
+* ``pettingzoo:butterfly.pistonball_v6`` (a module under ``pettingzoo``);
+* ``package.module:callable`` or ``path/file.py:Name`` returning a ``ParallelEnv`` or an ``AECEnv``;
+* a ``ParallelEnv`` / ``AECEnv`` instance (deep-copied per env) or class.
+
+**Agents are a dimension.** ``MultiAgentVecEnv`` follows :mod:`corral.envs.base` (torch
+tensors with a leading env dim, same-step autoreset, the true final observation,
+``episode_done``) and adds, for the ``A = len(possible_agents)`` agents in a fixed order:
+
+* an observation per env that is one flat float32 row packing ``obs [A, D]`` (each agent's
+  observation flattened, zero-padded to the largest ``D``), the global ``state [S]`` (the
+  env's ``state()`` where it has one, else the agents' padded observations concatenated),
+  ``agent_mask [A]`` (1 where the agent will act on this observation) and, for discrete
+  actions, ``action_mask [A, K]``. The observation space carries the :class:`AgentLayout`
+  (``agent_layout(space)``), whose ``split(x)`` gives the structured view
+  :class:`AgentView` (``obs [N, A, D]``, ``state [N, S]``, ``agent_mask [N, A]``,
+  ``action_mask [N, A, K]``; views, no copies). Packing keeps the whole single-agent
+  machinery (the Learner's loop, checkpoints of the current observation, evaluation,
+  replay of observations) unchanged, and the final observation of an ended episode
+  carries the final global state with it;
+* ``reward [N]`` is the team reward: the mean of the rewards of the agents that acted this
+  step (in a shared-reward game, the shared reward); ``terminated`` / ``truncated [N]`` are
+  the env's episode flags (the episode is over when no agent is left; truncated when any
+  agent was truncated at its last step, e.g. a time limit);
+* ``info["agents"]``: an :class:`AgentStep` of per-agent ``reward``, ``terminated`` and
+  ``truncated`` ``[N, A]`` (0 / False for agents that did not act);
+* ``info["agent_returns"] [N, A]``: each agent's return over the episode that ended (valid
+  where ``episode_done``); ``info["episode_return"]`` is the team return (the sum of team rewards).
+
+**Absent agents.** Agents that terminate or leave vanish from PettingZoo's dicts. An
+agent's slot is fixed by ``possible_agents``: a vanished agent's observation is zeros and its
+``agent_mask`` 0 (it is never given an action), other agents' data never moves. The step in
+which an agent ends still carries its last observation in its slot (PettingZoo returns it),
+with ``agent_mask`` 0 after it, so an agent's final observation at step ``t`` is always
+``final_obs[n, a]``. Where the episode ended, no agent acts again, and the final observation's
+``agent_mask`` marks the agents that were truncated (cut off, so a team value target
+bootstraps from them: QMIX, VDN) rather than agents that will act. An agent that vanishes without a termination or truncation flag is
+reported terminated. Agents added mid-episode appear with ``agent_mask`` 1.
+
+**Heterogeneous spaces are padded**: observations to the largest flat size with zeros;
+Discrete actions to the largest ``n``, the padded actions masked off in ``action_mask``;
+Box actions to the largest size (padded dims in [-1, 1], dropped before the env sees them).
+Box and Discrete observations (Discrete one-hot) and ``Dict(observation=..., action_mask=...)``
+observations are taken; an ``info[agent]["action_mask"]`` is read too.
+
+**State for exact resume**: where every env defines ``corral_state() -> dict`` (numpy arrays
+and plain values) and ``corral_load_state(state)``, checkpoints hold it and a resumed run
+continues the same episodes (``copyable``); otherwise a resumed run starts fresh episodes.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from corral.envs.base import EnvError
+from corral.envs.host import tree_to_numpy, tree_to_torch
+from corral.errors import UserError
+
+EXTRA_HINT = "pip install 'corral[multiagent]'"
+
+
+class AgentStep(NamedTuple):
+    """Per-agent results of one vector step, ``[N, A]`` each (``info["agents"]``)."""
+
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+
+
+class AgentView(NamedTuple):
+    """The structured view of packed multi-agent observations (see :class:`AgentLayout`)."""
+
+    obs: torch.Tensor  # [N, A, D]
+    state: torch.Tensor  # [N, S]
+    agent_mask: torch.Tensor  # [N, A] bool
+    action_mask: torch.Tensor | None  # [N, A, K] bool (discrete actions), else None
+
+
+@dataclass(frozen=True)
+class AgentLayout:
+    """Where each part sits in a packed observation row, and the agents' padded spaces."""
+
+    agents: tuple[str, ...]
+    obs_dim: int  # D: the padded flat size of one agent's observation
+    obs_dims: tuple[int, ...]  # each agent's own flat size
+    state_dim: int  # S
+    has_state: bool  # the env has its own state(); else the state is the concatenated observations
+    discrete: bool
+    n_actions: int  # K: padded Discrete size, or the padded Box size
+    act_sizes: tuple[int, ...]  # each agent's own n (Discrete) or size (Box)
+    act_low: tuple[tuple[float, ...], ...] = ()  # Box: each agent's padded bounds
+    act_high: tuple[tuple[float, ...], ...] = ()
+
+    @property
+    def n_agents(self) -> int:
+        return len(self.agents)
+
+    @property
+    def state_start(self) -> int:
+        return self.n_agents * self.obs_dim
+
+    @property
+    def mask_start(self) -> int:
+        return self.state_start + self.state_dim
+
+    @property
+    def action_mask_start(self) -> int:
+        return self.mask_start + self.n_agents
+
+    @property
+    def size(self) -> int:
+        return self.action_mask_start + (self.n_agents * self.n_actions if self.discrete else 0)
+
+    def split(self, x: torch.Tensor) -> AgentView:
+        """Packed rows ``[..., F]`` -> :class:`AgentView` (``obs``, ``state`` are views)."""
+        lead = x.shape[:-1]
+        A, D = self.n_agents, self.obs_dim
+        obs = x[..., :self.state_start].reshape(*lead, A, D)
+        state = x[..., self.state_start:self.mask_start]
+        mask = x[..., self.mask_start:self.action_mask_start] > 0.5
+        amask = None
+        if self.discrete:
+            amask = x[..., self.action_mask_start:].reshape(*lead, A, self.n_actions) > 0.5
+        return AgentView(obs, state, mask, amask)
+
+    def action_space(self) -> gym.Space:
+        """The joint action of one env: ``MultiDiscrete([K] * A)`` or ``Box [A, K]``."""
+        if self.discrete:
+            return gym.spaces.MultiDiscrete([self.n_actions] * self.n_agents)
+        return gym.spaces.Box(np.array(self.act_low, np.float32), np.array(self.act_high, np.float32),
+                              dtype=np.float32)
+
+    def agent_action_space(self) -> gym.Space:
+        """One agent's padded action space (what a shared policy outputs)."""
+        if self.discrete:
+            return gym.spaces.Discrete(self.n_actions)
+        low = np.array(self.act_low, np.float32)
+        high = np.array(self.act_high, np.float32)
+        if not (np.all(low == low[0]) and np.all(high == high[0])):
+            # a shared Gaussian head maps to one set of bounds: the agents' must agree
+            raise UserError("agents' Box action bounds differ; a shared policy needs one set of bounds "
+                            f"(got low {low.tolist()}, high {high.tolist()})")
+        return gym.spaces.Box(low[0], high[0], dtype=np.float32)
+
+
+def agent_layout(space: gym.Space) -> AgentLayout | None:
+    """The :class:`AgentLayout` a multi-agent env's observation space carries, or None."""
+    return getattr(space, "corral_agents", None)
+
+
+def is_multiagent_space(space: gym.Space) -> bool:
+    return agent_layout(space) is not None
+
+
+# ---------------------------------------------------------------------------
+# Resolving what a user names
+
+
+def _pettingzoo():
+    try:
+        import pettingzoo
+    except ImportError:
+        return None
+    return pettingzoo
+
+
+def is_pettingzoo_env(obj: Any) -> bool:
+    """A PettingZoo ParallelEnv or AECEnv instance or class."""
+    pz = _pettingzoo()
+    if pz is None:
+        return False
+    kinds = (pz.ParallelEnv, pz.AECEnv)
+    return isinstance(obj, kinds) or (isinstance(obj, type) and issubclass(obj, kinds))
+
+
+def is_multiagent_spec(spec: Any) -> bool:
+    """Whether ``spec`` names a multi-agent env without building one: ``mpe:`` and
+    ``pettingzoo:`` ids, PettingZoo instances and classes. (A ``module:callable`` returning a
+    PettingZoo env is multi-agent when a multi-agent algorithm asks for it.)"""
+    if isinstance(spec, str):
+        return spec.startswith(("mpe:", "pettingzoo:"))
+    return is_pettingzoo_env(spec)
+
+
+def _as_parallel(env: Any, name: str) -> Any:
+    pz = _pettingzoo()
+    if pz is None:
+        raise UserError(f"env {name!r} is multi-agent and needs PettingZoo: {EXTRA_HINT}")
+    if isinstance(env, pz.ParallelEnv):
+        return env
+    if isinstance(env, pz.AECEnv):
+        from pettingzoo.utils.conversions import aec_to_parallel
+
+        return aec_to_parallel(env)
+    raise UserError(f"env {name!r} built {type(env).__name__}, not a PettingZoo ParallelEnv or AECEnv; "
+                    "multi-agent algorithms take PettingZoo envs (mpe:NAME, pettingzoo:family.name, "
+                    "module:callable returning one, or an instance)")
+
+
+def _import_family(spec: str) -> Any:
+    prefix, _, name = spec.partition(":")
+    package = "mpe2" if prefix == "mpe" else "pettingzoo"
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        raise UserError(f"env {spec!r} needs the {package} package: {EXTRA_HINT}") from None
+    try:
+        return importlib.import_module(f"{package}.{name}")
+    except ImportError:
+        known = []
+        if package == "mpe2":
+            import pkgutil
+
+            import mpe2
+
+            known = [m.name for m in pkgutil.iter_modules(mpe2.__path__) if m.name.endswith(tuple(f"_v{i}" for i in range(10)))]
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(prefix + ':' + c for c in close)}?" if close else \
+            (f"; available: {', '.join(sorted(known))}" if known else "")
+        raise UserError(f"unknown multi-agent env {spec!r}: no module {package}.{name}{hint}") from None
+
+
+class ParallelFactory:
+    """A picklable zero-argument callable building one fresh ParallelEnv for a spec."""
+
+    def __init__(self, spec: Any, kwargs: dict | None = None):
+        self.spec, self.kwargs = spec, dict(kwargs or {})
+        pz = _pettingzoo()
+        if pz is not None and isinstance(spec, (pz.ParallelEnv, pz.AECEnv)) and self.kwargs:
+            raise UserError("env kwargs cannot be applied to an env instance; pass its class or a factory")
+
+    @property
+    def name(self) -> str:
+        from corral.envs.make import env_name
+
+        return env_name(self.spec)
+
+    def __call__(self) -> Any:
+        spec, name = self.spec, self.name
+        if isinstance(spec, str):
+            if spec.startswith(("mpe:", "pettingzoo:")):
+                module = _import_family(spec)
+                build = getattr(module, "parallel_env", None)
+                try:
+                    env = build(**self.kwargs) if build is not None else module.env(**self.kwargs)
+                except TypeError as e:
+                    raise UserError(f"env {spec!r} rejected its kwargs {self.kwargs}: {e}") from None
+            elif ":" not in spec:
+                raise UserError(f"env {spec!r} is not a PettingZoo env; multi-agent algorithms take mpe:NAME, "
+                                "pettingzoo:family.name, a module:callable returning a ParallelEnv or AECEnv, "
+                                "or an instance")
+            else:
+                from corral.envs.make import _load_attr
+
+                obj = _load_attr(spec)
+                env = copy.deepcopy(obj) if is_pettingzoo_env(obj) and not isinstance(obj, type) else obj(**self.kwargs)
+        elif isinstance(spec, type) or (callable(spec) and not is_pettingzoo_env(spec)):
+            env = spec(**self.kwargs)
+        else:
+            env = copy.deepcopy(spec)
+        return _as_parallel(env, name)
+
+
+# ---------------------------------------------------------------------------
+# Spaces
+
+
+def _obs_part(space: gym.Space) -> tuple[gym.Space, bool]:
+    """(the observation part, whether it carries an action_mask) of one agent's space."""
+    if isinstance(space, gym.spaces.Dict) and "observation" in space.spaces:
+        return space["observation"], "action_mask" in space.spaces
+    return space, False
+
+
+def _check_spaces(env: Any, name: str) -> AgentLayout:
+    agents = tuple(env.possible_agents)
+    if not agents:
+        raise UserError(f"env {name!r} has no possible_agents")
+    obs_dims, act_sizes, kinds = [], [], set()
+    lows, highs = [], []
+    for a in agents:
+        part, _ = _obs_part(env.observation_space(a))
+        if not isinstance(part, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)):
+            raise UserError(f"env {name!r}: agent {a!r} observation space {part} is not supported "
+                            "(Box, Discrete, MultiDiscrete, MultiBinary, or a Dict with 'observation' and 'action_mask')")
+        obs_dims.append(int(gym.spaces.flatdim(part)))
+        act = env.action_space(a)
+        if isinstance(act, gym.spaces.Discrete):
+            kinds.add("discrete")
+            act_sizes.append(int(act.n))
+        elif isinstance(act, gym.spaces.Box):
+            kinds.add("box")
+            act_sizes.append(int(math.prod(act.shape)))
+            lows.append(np.asarray(act.low, np.float32).reshape(-1))
+            highs.append(np.asarray(act.high, np.float32).reshape(-1))
+        else:
+            raise UserError(f"env {name!r}: agent {a!r} action space {act} is not supported (Discrete or Box)")
+    if len(kinds) > 1:
+        raise UserError(f"env {name!r} mixes Discrete and Box action spaces across agents; corral pads spaces of "
+                        "one kind only")
+    discrete = kinds == {"discrete"}
+    K = max(act_sizes)
+    low = high = ()
+    if not discrete:
+        pad = lambda v, fill: tuple(float(x) for x in np.concatenate([v, np.full(K - len(v), fill, np.float32)]))  # noqa: E731
+        low = tuple(pad(v, -1.0) for v in lows)
+        high = tuple(pad(v, 1.0) for v in highs)
+    D = max(obs_dims)
+    has_state = True
+    state_space = getattr(env, "state_space", None)
+    try:
+        env.state()
+    except (NotImplementedError, AttributeError):
+        has_state = False
+    except Exception:  # state() before reset may fail; the space says what it holds
+        has_state = state_space is not None
+    if has_state:
+        S = int(gym.spaces.flatdim(state_space)) if state_space is not None else int(np.size(env.state()))
+    else:
+        S = len(agents) * D
+    return AgentLayout(agents, D, tuple(obs_dims), S, has_state, discrete, K, tuple(act_sizes), low, high)
+
+
+# ---------------------------------------------------------------------------
+# The vector env
+
+
+class MultiAgentVecEnv:
+    """N PettingZoo ParallelEnvs in this process with corral's vector contract and an agent
+    dimension (see the module docstring for what each tensor holds)."""
+
+    copyable = False
+    device_resident = False
+
+    def __init__(self, factory: Any, num_envs: int, env_id: str = "env", device: str | torch.device = "cpu",
+                 max_episode_steps: int | None = None, check_finite: bool = True):
+        if num_envs < 1:
+            raise UserError(f"env.num_envs must be >= 1, got {num_envs}")
+        self.factory, self.num_envs, self.env_id = factory, num_envs, env_id
+        self.device = torch.device(device)
+        self.max_episode_steps = max_episode_steps
+        self.check_finite = check_finite
+        self.envs = [factory() for _ in range(num_envs)]
+        self.layout = L = _check_spaces(self.envs[0], env_id)
+        self._agent_index = {a: j for j, a in enumerate(L.agents)}
+        self._obs_parts = [_obs_part(self.envs[0].observation_space(a)) for a in L.agents]
+        box = gym.spaces.Box(-np.inf, np.inf, (L.size,), np.float32)
+        box.corral_agents = L  # travels with the space, as corral_layout does
+        self.single_observation_space = box
+        self.single_action_space = L.action_space()
+        self.copyable = all(callable(getattr(e, "corral_state", None)) and callable(getattr(e, "corral_load_state", None))
+                            for e in self.envs)
+        A = L.n_agents
+        self.steps = 0
+        self.ep_ret = np.zeros((num_envs, A), np.float64)
+        self.ep_team = np.zeros(num_envs, np.float64)
+        self.ep_len = np.zeros(num_envs, np.int64)
+        self.t = np.zeros(num_envs, np.int64)  # steps into each env's episode (the episode cap)
+        self.live: list[set] = [set() for _ in range(num_envs)]
+        self._amask_info: list[dict] = [{} for _ in range(num_envs)]
+
+    # --- packing
+    def _pack(self, i: int, env: Any, obs: dict, row: np.ndarray, infos: dict) -> None:
+        """Write env ``i``'s observation dict into ``row`` (zeroed by the caller)."""
+        L = self.layout
+        D, A = L.obs_dim, L.n_agents
+        live = self.live[i]
+        ms = L.mask_start
+        for a, o in obs.items():
+            j = self._agent_index.get(a)
+            if j is None:
+                raise EnvError(f"env {self.env_id!r} (index {i}) returned an observation for agent {a!r}, "
+                               f"which is not in its possible_agents {list(L.agents)}")
+            part, has_mask = self._obs_parts[j]
+            value = o["observation"] if has_mask else o
+            flat = gym.spaces.flatten(part, value)
+            row[j * D:j * D + L.obs_dims[j]] = flat
+            if a in live:
+                row[ms + j] = 1.0
+            if L.discrete:
+                start = L.action_mask_start + j * L.n_actions
+                am = o.get("action_mask") if has_mask else (infos.get(a) or {}).get("action_mask")
+                if am is None:
+                    row[start:start + L.act_sizes[j]] = 1.0
+                else:
+                    row[start:start + L.act_sizes[j]] = np.asarray(am, np.float32).reshape(-1)[:L.act_sizes[j]]
+        if L.has_state:
+            row[L.state_start:ms] = np.asarray(env.state(), np.float32).reshape(-1)
+        else:
+            row[L.state_start:ms] = row[:L.state_start]
+
+    def _reset_env(self, i: int, seed: int | None, row: np.ndarray) -> None:
+        env = self.envs[i]
+        try:
+            obs, infos = env.reset(seed=seed)
+        except Exception as e:
+            raise EnvError(f"env {self.env_id!r} (index {i}) raised in reset: {type(e).__name__}: {e}") from e
+        self.live[i] = set(env.agents)
+        self.t[i] = 0
+        self._pack(i, env, obs, row, infos or {})
+
+    def _tensor(self, arr: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(arr)
+        return t if self.device.type == "cpu" else t.to(self.device)
+
+    # --- the contract
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        out = np.zeros((self.num_envs, self.layout.size), np.float32)
+        for i in range(self.num_envs):
+            self._reset_env(i, None if seed is None else seed + i, out[i])
+        self.ep_ret[:] = 0.0
+        self.ep_team[:] = 0.0
+        self.ep_len[:] = 0
+        if self.check_finite:
+            self._check(out, "observation")
+        return self._tensor(out)
+
+    def _actions(self, action: Any) -> np.ndarray:
+        L = self.layout
+        if not isinstance(action, torch.Tensor):
+            action = torch.as_tensor(np.asarray(action))
+        want = (self.num_envs, L.n_agents) if L.discrete else (self.num_envs, L.n_agents, L.n_actions)
+        if tuple(action.shape) != want:
+            raise EnvError(f"env {self.env_id!r}: action has shape {tuple(action.shape)}, expected {want} "
+                           f"(one action per agent for {self.num_envs} envs of {L.n_agents} agents)")
+        if L.discrete and action.dtype.is_floating_point:
+            raise EnvError(f"env {self.env_id!r}: discrete actions must be integers, got {action.dtype}; "
+                           "cast them with .long()")
+        return action.detach().cpu().numpy()
+
+    def step(self, action: Any):
+        L = self.layout
+        acts = self._actions(action)
+        N, A = self.num_envs, L.n_agents
+        obs = np.zeros((N, L.size), np.float32)
+        final = None
+        rew = np.zeros((N, A), np.float32)
+        term = np.zeros((N, A), bool)
+        trunc = np.zeros((N, A), bool)
+        team = np.zeros(N, np.float32)
+        env_term = np.zeros(N, bool)
+        env_trunc = np.zeros(N, bool)
+        agent_returns = None
+        for i, env in enumerate(self.envs):
+            acting = self.live[i]
+            joint = {}
+            for a in acting:
+                j = self._agent_index[a]
+                if L.discrete:
+                    v = int(acts[i, j])
+                    if not 0 <= v < L.act_sizes[j]:
+                        raise EnvError(f"env {self.env_id!r}: action {v} for agent {a!r} (env index {i}) is outside "
+                                       f"its action space Discrete({L.act_sizes[j]})")
+                    joint[a] = v
+                else:
+                    space = env.action_space(a)
+                    joint[a] = np.clip(acts[i, j, :L.act_sizes[j]], space.low.reshape(-1), space.high.reshape(-1)) \
+                        .astype(space.dtype).reshape(space.shape)
+            try:
+                o, r, te, tr, infos = env.step(joint)
+            except Exception as e:
+                raise EnvError(f"env {self.env_id!r} (index {i}) raised at vector step {self.steps}: "
+                               f"{type(e).__name__}: {e}") from e
+            self.t[i] += 1
+            for a in acting:
+                j = self._agent_index[a]
+                rew[i, j] = float(r.get(a, 0.0))
+                gone = a not in o and a not in te and a not in tr
+                term[i, j] = bool(te.get(a, False)) or gone  # vanished without a flag: terminated
+                trunc[i, j] = bool(tr.get(a, False)) and not term[i, j]
+            self.live[i] = set(env.agents) - {a for a in acting if term[i, self._agent_index[a]]
+                                              or trunc[i, self._agent_index[a]]}
+            capped = self.max_episode_steps is not None and self.t[i] >= self.max_episode_steps and self.live[i]
+            if capped:
+                for a in self.live[i]:
+                    if a in acting:
+                        trunc[i, self._agent_index[a]] = True
+                self.live[i] = set()
+            if acting:
+                team[i] = rew[i, [self._agent_index[a] for a in acting]].mean()
+            self.ep_ret[i] += rew[i]
+            self.ep_team[i] += team[i]
+            self.ep_len[i] += 1
+            self._pack(i, env, o, obs[i], infos or {})
+            if not self.live[i]:  # the episode is over: no agent left to act
+                # a final observation's agent mask marks the agents cut off by truncation (whose values
+                # a target bootstraps), not agents that will act: none will
+                obs[i, L.mask_start:L.action_mask_start] = trunc[i]
+                if final is None:
+                    final = obs.copy()
+                else:
+                    final[i] = obs[i]
+                env_trunc[i] = bool(trunc[i].any())
+                env_term[i] = not env_trunc[i]
+                if agent_returns is None:
+                    agent_returns = np.zeros((N, A), np.float32)
+                    ep_team, ep_len = np.zeros(N, np.float32), np.zeros(N, np.int64)
+                agent_returns[i] = self.ep_ret[i]
+                ep_team[i], ep_len[i] = self.ep_team[i], self.ep_len[i]
+                self.ep_ret[i] = 0.0
+                self.ep_team[i] = 0.0
+                self.ep_len[i] = 0
+                obs[i] = 0.0
+                self._reset_env(i, None, obs[i])
+        if self.check_finite:
+            self._check(obs, "observation")
+            self._check(rew, "reward")
+            if final is not None:
+                self._check(final, "final observation")
+        self.steps += 1
+        t = self._tensor
+        obs_t = t(obs)
+        done = env_term | env_trunc
+        info = {
+            "final_obs": obs_t if final is None else t(final),
+            "episode_done": t(done),
+            "episode_return": t(ep_team) if agent_returns is not None else t(np.zeros(N, np.float32)),
+            "episode_length": t(ep_len) if agent_returns is not None else t(np.zeros(N, np.int64)),
+            "agent_returns": t(agent_returns if agent_returns is not None else np.zeros((N, A), np.float32)),
+            "agents": AgentStep(t(rew), t(term), t(trunc)),
+        }
+        return obs_t, t(team), t(env_term), t(env_trunc), info
+
+    def _check(self, arr: np.ndarray, what: str) -> None:
+        if np.isfinite(arr).all():
+            return
+        i = int(np.nonzero(~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1))[0][0])
+        raise EnvError(f"env {self.env_id!r} (index {i}) returned a non-finite {what} at vector step {self.steps}; "
+                       "fix the env or wrap it to keep values finite")
+
+    # --- state
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"copyable": self.copyable, "steps": self.steps, "ep_ret": self.ep_ret.copy(),
+                                 "ep_team": self.ep_team.copy(), "ep_len": self.ep_len.copy(), "t": self.t.copy()}
+        if self.copyable:
+            state["envs"] = [e.corral_state() for e in self.envs]
+            state["live"] = [[a in live for a in self.layout.agents] for live in self.live]
+        return tree_to_torch(state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Restore; True when the envs' internals were restored (episodes continue)."""
+        state = tree_to_numpy(state)
+        self.steps = int(state.get("steps", 0))
+        if not (state.get("copyable") and self.copyable and "envs" in state):
+            return False
+        for env, s in zip(self.envs, state["envs"]):
+            env.corral_load_state(s)
+        self.live = [{a for a, on in zip(self.layout.agents, row) if on} for row in state["live"]]
+        self.ep_ret[:], self.ep_team[:] = state["ep_ret"], state["ep_team"]
+        self.ep_len[:], self.t[:] = state["ep_len"], state["t"]
+        return True
+
+    def close(self) -> None:
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+
+    def __repr__(self) -> str:
+        return f"MultiAgentVecEnv({self.env_id!r}, num_envs={self.num_envs}, agents={list(self.layout.agents)})"
+
+
+def make_multiagent_vec_env(spec: Any, num_envs: int, kwargs: dict | None = None, device: Any = "cpu",
+                            backend: str = "sync", max_episode_steps: int | None = None,
+                            check_finite: bool = True) -> MultiAgentVecEnv:
+    """N copies of the multi-agent env ``spec`` names (see the module docstring)."""
+    if backend != "sync":
+        raise UserError(f"multi-agent envs run on env.backend=sync (in this process), not {backend!r}")
+    factory = ParallelFactory(spec, kwargs)
+    return MultiAgentVecEnv(factory, num_envs, factory.name, device, max_episode_steps, check_finite)
