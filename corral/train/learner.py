@@ -149,6 +149,7 @@ class Learner:
                 env_action, extras = algo.explore(obs)
                 next_obs, reward, terminated, truncated, info = env.step(env_action)
                 algo.observe(Step(obs, extras, reward, terminated, truncated, info["final_obs"], next_obs))
+                algo.rewarded(reward)
                 algo.episodes_ended(terminated | truncated)
             obs = next_obs
             self.obs = obs
