@@ -231,9 +231,10 @@ class R2D2(RecurrentColumns, ApexMixin, DQN):
         """``[S, B, C]`` per-step inputs the core takes besides the observation (NGU's), or None."""
         return None
 
-    def phases(self, batch, noise, shared=None):
+    def sequence_q(self, batch):
+        """``(online Q [L + n, B, A] after the burn-in, with gradient; target Q [S, B, A])``."""
         cfg = self.cfg
-        bi, L, n = cfg.burn_in, cfg.seq_len, cfg.n_step
+        bi = cfg.burn_in
         obs, starts = batch.obs.transpose(0, 1), batch.start.T  # [S, B, ...]
         cond = self.sequence_inputs(batch)
         part = (lambda t: None) if cond is None else (lambda t: cond[t])  # noqa: E731
@@ -243,7 +244,12 @@ class R2D2(RecurrentColumns, ApexMixin, DQN):
             if bi:
                 _, state = self.actor.q_sequence(obs[:bi], state0, starts[:bi], cond=part(slice(None, bi)))
             q_tgt, _ = self.target.q_sequence(obs, state0, starts, norm=self.actor.enc.norm, cond=cond)
-        q_online, _ = self.actor.q_sequence(obs[bi:], state, starts[bi:], cond=part(slice(bi, None)))  # [L + n, B, A]
+        q_online, _ = self.actor.q_sequence(obs[bi:], state, starts[bi:], cond=part(slice(bi, None)))
+        return q_online, q_tgt
+
+    def phases(self, batch, noise, shared=None):
+        cfg = self.cfg
+        q_online, q_tgt = self.sequence_q(batch)
         per_seq, abs_td, mask, q_mean = self.sequence_loss(batch, q_online, q_tgt)
         loss = (per_seq * batch.weights).mean() if cfg.prioritized else per_seq.mean()
         yield self.optimizer, loss

@@ -15,8 +15,9 @@ slots per column, all columns in one ``[N, capacity, D]`` tensor). For a new emb
 6. ``r = 0`` if ``s > s_max`` (the maximum similarity), else ``1 / s``;
 
 then ``f(x_t)`` is written into the column's memory. ``reset(mask)`` empties the columns
-that start an episode. A column whose memory holds fewer than ``k`` embeddings scores 0
-(as Deep RL Zoo's module does: too few neighbours to count) and leaves ``d_m^2`` alone.
+that start an episode. A column whose memory holds fewer than ``k`` embeddings reads the
+neighbours it has (short episodes, DeepSea's, would otherwise score 0 throughout: Deep RL
+Zoo's module returns 0 until ``k`` are stored); an empty memory scores 0.
 """
 
 from __future__ import annotations
@@ -56,24 +57,25 @@ class EpisodicMemory:
         """``[N]`` episodic rewards of the embeddings ``emb [N, D]`` against each column's memory;
         with ``write`` the running mean is updated and ``emb`` stored."""
         k = self.k
-        d2 = (self.memory - emb.unsqueeze(1)).square().sum(-1)  # [N, capacity]
-        filled = self._slots.unsqueeze(0) < self.size.clamp(max=self.capacity).unsqueeze(1)
+        # only the slots some column has filled (one host read; episodes are mostly shorter than capacity)
+        width = min(self.capacity, max(k, int(self.size.max())))
+        d2 = (self.memory[:, :width] - emb.unsqueeze(1)).square().sum(-1)  # [N, width]
+        filled = self._slots[:width].unsqueeze(0) < self.size.clamp(max=self.capacity).unsqueeze(1)
         d2 = d2.masked_fill(~filled, math.inf)
-        knn = d2.topk(k, dim=1, largest=False).values  # [N, k]
-        enough = self.size >= k
+        knn = d2.topk(k, dim=1, largest=False).values  # [N, k]; inf where the memory holds fewer than k
+        valid = torch.isfinite(knn)
+        knn = torch.where(valid, knn, 0.0)  # (no inf in the arithmetic below)
         if write:
-            add = torch.where(enough, knn.sum(1), 0.0)
-            n_new = torch.where(enough, float(k), 0.0)
+            n_new = valid.sum(1).to(self.dist_count.dtype)
             total = self.dist_count + n_new
-            self.dist_mean = torch.where(enough, (self.dist_mean * self.dist_count + add) / total.clamp(min=1.0),
-                                         self.dist_mean)
+            self.dist_mean = torch.where(n_new > 0, (self.dist_mean * self.dist_count + knn.sum(1))
+                                         / total.clamp(min=1.0), self.dist_mean)
             self.dist_count = total
-        knn = torch.where(enough.unsqueeze(1), knn, 0.0)  # (no inf in the arithmetic below)
         d_n = knn / self.dist_mean.clamp(min=1e-8).unsqueeze(1)
         d_n = (d_n - self.cluster_distance).clamp(min=0.0)
-        kernel = self.kernel_epsilon / (d_n + self.kernel_epsilon)
+        kernel = torch.where(valid, self.kernel_epsilon / (d_n + self.kernel_epsilon), 0.0)
         s = kernel.sum(1).sqrt() + self.pseudo_count
-        reward = torch.where(enough & (s <= self.max_similarity), 1.0 / s, 0.0)
+        reward = torch.where(valid[:, 0] & (s <= self.max_similarity), 1.0 / s, 0.0)
         if write:
             slot = self.size % self.capacity
             self.memory[self._rows, slot] = emb.to(self.memory.dtype)
