@@ -246,6 +246,24 @@ def test_ngu_targets_mix_the_rewards_with_beta_j_and_discount_with_gamma_j_by_ha
     assert target[1, 1].item() == pytest.approx(r[1, 2].item(), rel=1e-5) and trained.all()
 
 
+def test_the_lifelong_multiplier_reads_running_error_statistics_that_follow_the_predictor():
+    algo = make(**{"lifelong_ema": 0.25, "lifelong_max": 5.0})
+    e1, e2 = torch.tensor([1.0, 3.0], dtype=torch.float64), torch.tensor([5.0, 9.0], dtype=torch.float64)
+    algo.fold_errors(e1)  # the first step: its mean and variance
+    assert algo.err_stats.tolist() == pytest.approx([2.0, 1.0, 1.0])
+    algo.fold_errors(e2)  # weight 1/2 (a plain mean of two equal batches): the pooled statistics
+    both = torch.cat([e1, e2])
+    assert algo.err_stats.tolist() == pytest.approx([both.mean().item(), both.var(unbiased=False).item(), 2.0])
+    for _ in range(80):  # then exponential with weight 0.25: the early errors are forgotten
+        algo.fold_errors(torch.tensor([0.1, 0.3], dtype=torch.float64))
+    assert algo.err_stats[0].item() == pytest.approx(0.2, abs=1e-4)
+    assert algo.err_stats[1].item() == pytest.approx(0.01, abs=1e-4)
+    # alpha = 1 + (err - mean) / std, clipped to [1, L]: errors 0.1, 0.25, 0.9 -> 1 (clipped), 1.5, 5 (clipped)
+    mean, var, _ = algo.err_stats
+    alpha = (1 + (torch.tensor([0.1, 0.25, 0.9], dtype=torch.float64) - mean) / var.sqrt()).clamp(1, 5)
+    assert alpha.tolist() == pytest.approx([1.0, 1.5, 5.0], abs=1e-3)
+
+
 def test_ngu_gradient_steps_move_only_their_own_parameters():
     algo = make()
     batch = hand_batch(algo)
@@ -297,7 +315,7 @@ def test_trained_2n_equals_n_then_resumed_bit_for_bit(tmp_path, algo):
     """The checkpoint holds the episodic memories, the bandit, RND's normalisers and the
     running statistics of its errors, and the columns' previous actions and rewards."""
     sets = [s.format(a=algo) for s in SMALL]
-    n = 300
+    n = 200
     a = Learner(build_config(algo, "DeepSea-v0", steps=2 * n, seed=4, sets=sets), None)
     a.train()
     assert main(["train", algo, "DeepSea-v0", "--steps", str(n), "--seed", "4", "--run-dir",
@@ -309,11 +327,11 @@ def test_trained_2n_equals_n_then_resumed_bit_for_bit(tmp_path, algo):
             assert torch.equal(pa, pb), name
     state = torch.load(tmp_path / "b" / "checkpoints" / "latest.pt", weights_only=True)["algo"]
     assert torch.equal(state["ngu_columns"]["memory.memory"], a.algo.memory.memory)
-    assert torch.equal(state["ngu_err_stats"]["mean"], a.algo.err_stats.mean)
+    assert torch.equal(state["ngu_err_stats"], a.algo.err_stats)
     if algo == "agent57":
         assert torch.equal(state["bandit"]["reward_hist"], a.algo.bandit.reward_hist)
-        assert a.algo.bandit.chosen > 100
-    assert a.algo.grad_steps > 20 and a.algo.err_stats.count > 0 and a.algo.memory.dist_count.min() > 0
+        assert a.algo.bandit.chosen > 60
+    assert a.algo.grad_steps > 20 and a.algo.err_stats[2] > 0 and a.algo.memory.dist_count.min() > 0
 
 
 def test_cli_trains_ngu_and_agent57_and_refuses_bad_settings(tmp_path, capsys):
@@ -338,12 +356,13 @@ def test_ngu_collectors_act_with_their_mixtures_through_a_sequence_replay_server
             "ngu.seq_len": 4, "ngu.n_step": 2, "ngu.core_size": 16, "ngu.hidden": [16], "ngu.batch_size": 8,
             "ngu.learning_starts": 256, "ngu.rollout_fragment": 16, "ngu.buffer_size": 4000, "ngu.knn": 3,
             "ngu.num_mixtures": 3}
-    L = Learner(build_config("ngu", "DeepSea-v0", steps=1024, overrides=over), None, quiet=True)
+    L = Learner(build_config("ngu", "DeepSea-v0", steps=768, overrides=over), None, quiet=True)
     scheme = FragmentScheme(L)
     L.make_stream = scheme.stream
     L.train()
     replay = L.algo.replay
-    assert len(replay) == 2 * 2 * ((256 - 8) // 4 + 1) and L.algo.grad_steps > 20
+    # each collector's 2 columns saw 192 steps: sequences of 8 every 4 steps after the first 8
+    assert len(replay) == 2 * 2 * ((192 - 8) // 4 + 1) and L.algo.grad_steps > 20
     mixes = replay.data["aux"][: len(replay), :, MIXTURE]
     # collector 0's columns run mixtures 0, 1 and collector 1's 2, 0 (global column mod 3)
     assert set(mixes.unique().tolist()) == {0.0, 1.0, 2.0}
@@ -352,12 +371,12 @@ def test_ngu_collectors_act_with_their_mixtures_through_a_sequence_replay_server
 
 def test_agent57_runs_on_montezuma_revenge(tmp_path):
     """Montezuma's Revenge through the whole loop: 4x84x84 frames through both Q-networks'
-    CNNs, the embedding's and RND's, 2,400 frames (600 agent steps, frame skip 4)."""
+    CNNs, the embedding's and RND's, 2,000 frames (500 agent steps, frame skip 4)."""
     pytest.importorskip("ale_py")
-    args = ["--steps", "600", "--set", "env.num_envs=2", "--set", "eval.episodes=1", "--set",
-            "eval.max_episode_steps=50", "--set", "tensorboard=false", "--set", "agent57.learning_starts=400",
+    args = ["--steps", "500", "--set", "env.num_envs=2", "--set", "eval.episodes=1", "--set",
+            "eval.max_episode_steps=50", "--set", "tensorboard=false", "--set", "agent57.learning_starts=300", "--set", "agent57.save_replay=false",
             "--set", "agent57.burn_in=2", "--set", "agent57.seq_len=6", "--set", "agent57.n_step=2", "--set",
-            "agent57.batch_size=2", "--set", "agent57.buffer_size=2000", "--set", "agent57.core_size=32",
+            "agent57.batch_size=2", "--set", "agent57.buffer_size=600", "--set", "agent57.core_size=32",
             "--set", "agent57.hidden=[32]", "--set", "agent57.episodic_capacity=500", "--set",
             "agent57.train_freq=8"]
     assert main(["train", "agent57", "ALE/MontezumaRevenge-v5", "--run-dir", str(tmp_path / "r"), *args]) == 0
@@ -365,3 +384,32 @@ def test_agent57_runs_on_montezuma_revenge(tmp_path):
     assert agent.algo.actor.enc.cnn is not None and agent.algo.embedding.embed[0].conv is not None
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert any("inverse_loss" in r for r in rows)
+
+
+# --- learning DeepSea where R2D2 does not
+
+DEEPSEA_BARS = {"r2d2": None, "ngu": 0.9, "agent57": 0.9}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["r2d2", "ngu", "agent57"])
+def test_ngu_and_agent57_find_deepsea_where_r2d2_does_not(tmp_path, algo):
+    """DeepSea size 12 (the treasure pays only for 12 "right" moves in a row: a random policy
+    finds it once in 4,096 episodes), seed 0, 40k steps, ngu's preset (the same settings for
+    r2d2 and agent57). The held-out evaluation is the final policy's deterministic episode
+    (the env is deterministic; mixture 0 for ngu and agent57): r2d2 never leaves the safe
+    "left" policy (-0.0 to -0.01), ngu and agent57 return 0.99 (the optimum). Figures in
+    docs/results.md."""
+    sets = {k: v for k, v in build_config("ngu", "DeepSea12-v0").algo_cfg.__dict__.items()
+            if k in ("learning_starts", "burn_in", "seq_len", "n_step", "core_size", "hidden", "batch_size", "lr",
+                     "train_freq", "target_update_interval", "exploration_fraction", "exploration_final_eps",
+                     "buffer_size")}
+    over = {f"{algo}.{k}": list(v) if isinstance(v, tuple) else v for k, v in sets.items()}
+    agent = corral.train(algo, "DeepSea12-v0", steps=40_000, seed=0, run_dir=str(tmp_path / "r"),
+                         **{"tensorboard": False, "eval.episodes": 0, **({} if algo != "r2d2" else over)})
+    held_out = corral.evaluate(agent, "DeepSea12-v0", episodes=4, seed=123)["mean_return"]
+    print(f"\n{algo} DeepSea12 seed 0, 40k steps: held-out {held_out:.3f}")
+    if DEEPSEA_BARS[algo] is None:
+        assert held_out < 0.5
+    else:
+        assert held_out > DEEPSEA_BARS[algo]

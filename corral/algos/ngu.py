@@ -35,7 +35,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from corral.actors.normalizer import RunningNormalizer
 from corral.actors.recurrent import RecurrentQNetwork
 from corral.algos.base import Policy, Step
 from corral.algos.r2d2 import R2D2, R2D2Config, nstep_sequence_targets
@@ -68,6 +67,9 @@ class NGUConfig(R2D2Config):
     max_similarity: float = option(8.0, "s_m: a similarity above it gives no episodic reward", gt=0)
     lifelong: bool = option(True, "multiply by RND's life-long novelty, clipped to [1, lifelong_max]")
     lifelong_max: float = option(5.0, "L, the life-long multiplier's upper clip", ge=1)
+    lifelong_ema: float = option(0.01, "weight of each acting step's RND errors in their running mean and variance "
+                                       "(a plain mean until 1/lifelong_ema steps; then recent errors count more, "
+                                       "as the predictor improves)", gt=0, le=1)
     rnd_hidden: tuple[int, ...] = option((64, 64), "RND's hidden layer sizes (flat observations)", ge=1)
     rnd_features: int = option(64, "RND's output width", ge=1)
     rnd_lr: float = option(5e-4, "Adam learning rate of RND's predictor", gt=0)
@@ -111,7 +113,8 @@ class NGU(R2D2):
         self.rnd_optimizer = self._optimizer(self.rnd.predictor.parameters(), cfg.rnd_lr)
         # acting state of each env column (checkpointed with the columns)
         self.memory = self.new_memory(num_envs)
-        self.err_stats = RunningNormalizer(()).to(device)  # running mean / var of RND's error
+        # running mean / var of RND's error and the acting steps folded in (exponential after 1/lifelong_ema)
+        self.err_stats = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64, device=device)
         self._prev_action = torch.full((num_envs,), -1, dtype=torch.long, device=device)
         self._prev_ext = torch.zeros(num_envs, device=device)
         self._mix = column_mixtures(0, 1, num_envs, N, device)
@@ -139,10 +142,24 @@ class NGU(R2D2):
         if self.cfg.lifelong:
             err = self.rnd.novelty(obs).double()
             if update:
-                self.err_stats.update(err)
-            alpha = 1.0 + (err - self.err_stats.mean) / (self.err_stats.var + 1e-8).sqrt()
+                self.fold_errors(err)
+            mean, var, _ = self.err_stats
+            alpha = 1.0 + (err - mean) / (var + 1e-8).sqrt()
             reward = reward * alpha.clamp(1.0, self.cfg.lifelong_max).float()
         return reward
+
+    def fold_errors(self, err: torch.Tensor) -> None:
+        """Move the running mean and variance of RND's error towards this step's errors, with
+        weight ``max(lifelong_ema, 1 / steps)``: a plain mean at first, then exponential (the
+        errors fall as the predictor learns; a mean over the whole run would keep the early
+        large ones and leave every new error below it, every multiplier at 1)."""
+        mean, var, steps = self.err_stats
+        w = torch.clamp(1.0 / (steps + 1.0), min=self.cfg.lifelong_ema)
+        b_mean, b_var = err.mean(), err.var(unbiased=False)
+        delta = b_mean - mean
+        new_mean = mean + w * delta
+        new_var = (1 - w) * (var + w * delta.square()) + w * b_var
+        self.err_stats = torch.stack([new_mean, torch.where(steps > 0, new_var, b_var), steps + 1.0])
 
     def conditioning(self, aux: torch.Tensor) -> torch.Tensor:
         """``aux [..., 4]`` -> the core's extra inputs ``[..., A + 2 + N]``."""
@@ -260,12 +277,12 @@ class NGU(R2D2):
 
     def columns_state(self) -> dict:
         return {**super().columns_state(), "ngu_columns": self.column_state(),
-                "ngu_err_stats": self.err_stats.state_dict()}
+                "ngu_err_stats": self.err_stats.clone()}
 
     def load_columns_state(self, state: dict) -> None:
         super().load_columns_state(state)
         self.load_column_state({k: v for k, v in state["ngu_columns"].items() if k not in ("_state", "_starts")})
-        self.err_stats.load_state_dict(state["ngu_err_stats"])
+        self.err_stats = state["ngu_err_stats"].to(self.device).clone()
 
 
 class NGUPolicy(Policy):
