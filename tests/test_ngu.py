@@ -369,6 +369,24 @@ def test_ngu_collectors_act_with_their_mixtures_through_a_sequence_replay_server
     assert (replay.data["aux"][: len(replay), :, INTRINSIC] > 0).any()
 
 
+@pytest.mark.slow
+def test_agent57_runs_with_two_ray_collectors_each_with_its_bandit(ray_local):
+    """Two Ray collectors feeding a sequence replay server: their fragments carry the aux
+    inputs (each collector's bandit picks its columns' mixtures), and the learner trains."""
+    from corral.schemes.ray_scheme import RayScheme
+
+    over = {**QUIET, "scheme.collectors": 2, "env.num_envs": 2, "env.kwargs": {"size": 5}, "agent57.burn_in": 2,
+            "agent57.seq_len": 4, "agent57.n_step": 2, "agent57.core_size": 16, "agent57.hidden": [16],
+            "agent57.batch_size": 8, "agent57.learning_starts": 256, "agent57.rollout_fragment": 16,
+            "agent57.buffer_size": 4000, "agent57.knn": 3, "agent57.num_mixtures": 3}
+    L = Learner(build_config("agent57", "DeepSea-v0", steps=1024, overrides=over), None, quiet=True)
+    scheme = RayScheme(L)
+    L.make_stream = scheme.stream
+    L.train()
+    assert L.algo.grad_steps > 20 and L.episodes > 100
+    assert len(L.algo.replay) > 0 and (L.algo.replay.data["aux"][: len(L.algo.replay), :, INTRINSIC] > 0).any()
+
+
 def test_agent57_runs_on_montezuma_revenge(tmp_path):
     """Montezuma's Revenge through the whole loop: 4x84x84 frames through both Q-networks'
     CNNs, the embedding's and RND's, 2,000 frames (500 agent steps, frame skip 4)."""
