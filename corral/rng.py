@@ -1,6 +1,7 @@
 """One seed spawns independent random streams: envs, action sampling, minibatches,
 replay sampling, exploration noise, network init, IQN's quantile fractions,
-noisy-net weights, evaluation's own action draws, REDQ's critic subsets and each worker."""
+noisy-net weights, evaluation's own action draws, REDQ's critic subsets, RND's predictor
+masks and each worker."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import torch
 # eval_action: evaluation's epsilon-greedy draws (eval.epsilon), a fresh generator per
 # evaluation, so evaluating never moves a training stream.
 # subset: REDQ's random subset of target critics, drawn anew every gradient step.
+# rnd: which samples of a batch train RND's predictor (corral.exploration.rnd).
 STREAMS = ("env", "eval_env", "init", "action", "minibatch", "replay", "noise", "tau", "noisy", "eval_action",
-           "subset")
+           "subset", "rnd")
 
 
 class RNGStreams:
@@ -25,7 +27,7 @@ class RNGStreams:
         children = root.spawn(len(STREAMS))
         self.seeds = {name: int(c.generate_state(1, dtype=np.uint32)[0]) for name, c in zip(STREAMS, children)}
         self.generators: dict[str, torch.Generator] = {}
-        for name in ("action", "minibatch", "replay", "noise", "tau", "noisy", "subset"):
+        for name in ("action", "minibatch", "replay", "noise", "tau", "noisy", "subset", "rnd"):
             g = torch.Generator(device=self.device)
             g.manual_seed(self.seeds[name])
             self.generators[name] = g

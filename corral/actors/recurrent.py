@@ -91,17 +91,19 @@ class RecurrentActorCritic(ActorCritic):
 class RecurrentQNetwork(nn.Module):
     """Q(history, .) for Discrete actions (DRQN, R2D2): the off-policy observation encoder
     (normalizer, Nature CNN, one-hot, Dict parts), an LSTM or GRU core, then a Q head on the
-    core's output (``dueling``: V + A - mean A, as ``QNetwork``)."""
+    core's output (``dueling``: V + A - mean A, as ``QNetwork``). ``cond_dim``: the core also
+    takes that many per-step inputs beside the observation's features (NGU's ``cond``)."""
 
     def __init__(self, obs_space, act_space, hidden=(64,), activation="relu", dueling: bool = False,
-                 normalize_obs: bool = False, core: str = "lstm", core_size: int = 64, core_layers: int = 1):
+                 normalize_obs: bool = False, core: str = "lstm", core_size: int = 64, core_layers: int = 1,
+                 cond_dim: int = 0):
         super().__init__()
         import gymnasium as gym
 
         from corral.actors.offpolicy import ObsEncoder, QNetwork
 
         self.enc = ObsEncoder(obs_space, normalize_obs)
-        self.core = RecurrentCore(self.enc.dim, core_size, core_layers, core)
+        self.core = RecurrentCore(self.enc.dim + int(cond_dim), core_size, core_layers, core)
         # the Q head reads the core's output as its (unnormalized) input
         self.head = QNetwork(gym.spaces.Box(-1.0, 1.0, (core_size,)), act_space, tuple(hidden), activation, dueling,
                              normalize_obs=False)
@@ -114,16 +116,22 @@ class RecurrentQNetwork(nn.Module):
     def initial_state(self, batch: int, device=None) -> torch.Tensor:
         return self.core.initial_state(batch, device)
 
-    def q_sequence(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None, norm=None):
+    def q_sequence(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None, norm=None,
+                   cond: torch.Tensor | None = None):
         """``obs [T, B, ...]`` raw -> ``(Q [T, B, actions], state after the last step)``;
-        ``norm`` replaces the encoder's normalizer (a target net takes the online one's)."""
+        ``norm`` replaces the encoder's normalizer (a target net takes the online one's);
+        ``cond [T, B, cond_dim]``: the per-step inputs beside the observation."""
         T, B = obs.shape[:2]
         f = self.enc(obs.flatten(0, 1), norm).view(T, B, -1)
+        if cond is not None:
+            f = torch.cat([f, cond.to(f.dtype)], -1)
         h, state = self.core(f, state, starts)
         return self.head(h.flatten(0, 1)).view(T, B, -1), state
 
-    def q_step(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None, norm=None):
-        q, state = self.q_sequence(obs.unsqueeze(0), state, None if starts is None else starts.unsqueeze(0), norm)
+    def q_step(self, obs: torch.Tensor, state: torch.Tensor, starts: torch.Tensor | None, norm=None,
+               cond: torch.Tensor | None = None):
+        q, state = self.q_sequence(obs.unsqueeze(0), state, None if starts is None else starts.unsqueeze(0), norm,
+                                   None if cond is None else cond.unsqueeze(0))
         return q[0], state
 
     @torch.no_grad()

@@ -16,6 +16,7 @@ from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.mdqn import MunchausenDQN
 from corral.algos.mappo import MAPPO
 from corral.algos.qmix import QMIX
+from corral.algos.ngu import NGU, Agent57
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
 from corral.algos.redq import DROQ_OVERRIDES, REDQ
@@ -61,6 +62,10 @@ ALGOS: dict[str, AlgoSpec] = {
     "mdqn": AlgoSpec(MunchausenDQN, help="Munchausen DQN: log-policy bonus and soft backup (discrete)"),
     "r2d2": AlgoSpec(R2D2, help="R2D2: recurrent Q-learning from prioritized sequence replay, stored states, "
                      "burn-in, value rescaling, n-step double Q (discrete)"),
+    "ngu": AlgoSpec(NGU, help="NGU: R2D2 with episodic kNN novelty x RND life-long novelty, a family of "
+                    "(beta_j, gamma_j) mixtures, conditioned on j and the previous action and rewards (discrete)"),
+    "agent57": AlgoSpec(Agent57, help="Agent57: NGU with separate extrinsic and intrinsic Q-networks and a "
+                        "sliding-window UCB bandit over the mixtures per collector (discrete)"),
     "drqn": AlgoSpec(R2D2, DRQN_OVERRIDES, "DRQN: recurrent Q-learning from sequences started at zero state"),
     "ddpg": AlgoSpec(TD3, DDPG_OVERRIDES, "DDPG (continuous)"),
     "td3": AlgoSpec(TD3, help="Twin Delayed DDPG (continuous)"),

@@ -102,6 +102,10 @@ class Policy:
     def episodes_ended(self, ended: torch.Tensor) -> None:
         pass
 
+    def rewarded(self, reward: torch.Tensor) -> None:
+        """The env's rewards ``[N]`` for the step just taken, before ``episodes_ended`` (a policy
+        that takes its previous reward as an input, NGU's, keeps them)."""
+
 
 def as_policy(act) -> Policy:
     """``act`` itself when it is a :class:`Policy`, else a stateless one around it."""
@@ -196,6 +200,10 @@ class Algorithm:
         the env reports them), so the next observation of those columns starts a new episode.
         The loops that call ``explore`` (the Learner, collectors) say it after every step; a
         recurrent algorithm resets its state there."""
+
+    def rewarded(self, reward: torch.Tensor) -> None:
+        """The env's rewards ``[N]`` for the step just taken, said by the same loops before
+        ``episodes_ended`` (NGU conditions its next action on the previous reward)."""
 
     def policy(self, deterministic: bool = True) -> Policy:
         """What evaluation and video act with (a recurrent algorithm's keeps its state)."""

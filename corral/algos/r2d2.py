@@ -80,6 +80,44 @@ class R2D2Config(DQNConfig):
                              ge=0, le=1)
     eps_alpha: float = option(7.0, "epsilon ladder exponent range", ge=0)
 
+    def sequence_dims(self) -> tuple[int, int]:
+        """``(recurrent state width, per-step aux floats)`` a stored sequence holds (the replay
+        server reads them here; NGU stores 4 aux floats per step, Agent57 two cores' states)."""
+        return self.core_size * self.core_layers * (2 if self.recurrent == "lstm" else 1), 0
+
+
+def nstep_sequence_targets(reward, terminated, truncated, gamma, q_online_next, q_target, burn_in: int,
+                           seq_len: int, n_step: int, double: bool = True, rescale_eps: float | None = 1e-3):
+    """R2D2's n-step double-Q targets over sequences: ``(targets [B, L], trained mask [B, L])``
+    for the ``seq_len`` steps after ``burn_in``. ``reward`` / flags ``[B, S]``; ``gamma`` a float,
+    or ``[B, L]`` per trained step (NGU's per-mixture discounts); ``q_online_next`` /
+    ``q_target`` ``[L, B, A]`` at steps ``burn_in + n .. burn_in + n + L``; ``rescale_eps``
+    None: no value rescaling."""
+    bi, L, n = burn_in, seq_len, n_step
+    B = reward.shape[0]
+    ret = torch.zeros(B, L, device=reward.device)
+    alive = torch.ones(B, L, dtype=torch.bool, device=reward.device)
+    left_out = torch.zeros(B, L, dtype=torch.bool, device=reward.device)
+    discount = 1.0
+    for i in range(n):
+        window = slice(bi + i, bi + i + L)
+        ret = ret + discount * reward[:, window] * alive
+        term, trunc = terminated[:, window], truncated[:, window]
+        left_out |= alive & trunc & ~term
+        alive = alive & ~(term | trunc)
+        discount = discount * gamma
+    if double:
+        next_q = q_target.gather(-1, q_online_next.argmax(-1, keepdim=True)).squeeze(-1)
+    else:
+        next_q = q_target.amax(-1)
+    next_q = next_q.T  # [B, L]
+    if rescale_eps is not None:
+        next_q = value_unrescale(next_q, rescale_eps)
+    target = ret + discount * alive * next_q
+    if rescale_eps is not None:
+        target = value_rescale(target, rescale_eps)
+    return target, ~left_out
+
 
 DRQN_OVERRIDES = {"stored_state": False, "burn_in": 0, "value_rescaling": False, "prioritized": False,
                   "n_step": 1, "double": False, "dueling": False, "loss": "huber", "gamma": 0.99, "seq_len": 10,
@@ -113,7 +151,7 @@ class R2D2(RecurrentColumns, ApexMixin, DQN):
         if self.stores:
             obs_shape, obs_dtype = _obs_spec(obs_space)
             self.window = SequenceWindow(self.sequence, self.period, num_envs, obs_shape, obs_dtype, torch.long,
-                                         self.actor.state_dim, device)
+                                         self.actor.state_dim, device, cfg.sequence_dims()[1])
 
     def make_q_network(self):
         cfg = self.cfg
@@ -127,13 +165,14 @@ class R2D2(RecurrentColumns, ApexMixin, DQN):
         try:
             return SequenceReplay(capacity, cfg.burn_in + cfg.seq_len + cfg.n_step, obs_shape, obs_dtype, torch.long,
                                   self._state_dim(), self.device, self.rng.seeds["replay"], cfg.prioritized,
-                                  cfg.per_alpha, cfg.per_beta, cfg.per_beta_final, cfg.per_eps)
+                                  cfg.per_alpha, cfg.per_beta, cfg.per_beta_final, cfg.per_eps,
+                                  cfg.sequence_dims()[1])
         except ReplayCapacityError as e:
             raise UserError(str(e)) from None
 
     def _state_dim(self) -> int:
         cfg = self.cfg
-        return cfg.core_size * cfg.core_layers * (2 if cfg.recurrent == "lstm" else 1)
+        return cfg.sequence_dims()[0]
 
     # --- acting
     @property
@@ -184,57 +223,56 @@ class R2D2(RecurrentColumns, ApexMixin, DQN):
         ``[n + L... ]``: the online Q (detached) at steps ``burn_in + n .. burn_in + n + L``, ``q_target``
         the target net's Q at the same steps, both ``[L, B, A]``."""
         cfg = self.cfg
-        bi, L, n = cfg.burn_in, cfg.seq_len, cfg.n_step
-        B = batch.reward.shape[0]
-        ret = torch.zeros(B, L, device=self.device)
-        alive = torch.ones(B, L, dtype=torch.bool, device=self.device)
-        left_out = torch.zeros(B, L, dtype=torch.bool, device=self.device)
-        discount = 1.0
-        for i in range(n):
-            window = slice(bi + i, bi + i + L)
-            ret = ret + discount * batch.reward[:, window] * alive
-            term, trunc = batch.terminated[:, window], batch.truncated[:, window]
-            left_out |= alive & trunc & ~term
-            alive = alive & ~(term | trunc)
-            discount *= cfg.gamma
-        if cfg.double:
-            next_q = q_target.gather(-1, q_online_next.argmax(-1, keepdim=True)).squeeze(-1)
-        else:
-            next_q = q_target.amax(-1)
-        next_q = next_q.T  # [B, L]
-        if cfg.value_rescaling:
-            next_q = value_unrescale(next_q, cfg.rescale_eps)
-        target = ret + discount * alive * next_q
-        if cfg.value_rescaling:
-            target = value_rescale(target, cfg.rescale_eps)
-        return target, ~left_out
+        return nstep_sequence_targets(batch.reward, batch.terminated, batch.truncated, cfg.gamma, q_online_next,
+                                      q_target, cfg.burn_in, cfg.seq_len, cfg.n_step, cfg.double,
+                                      cfg.rescale_eps if cfg.value_rescaling else None)
 
-    def phases(self, batch, noise, shared=None):
+    def sequence_inputs(self, batch):
+        """``[S, B, C]`` per-step inputs the core takes besides the observation (NGU's), or None."""
+        return None
+
+    def sequence_q(self, batch):
+        """``(online Q [L + n, B, A] after the burn-in, with gradient; target Q [S, B, A])``."""
         cfg = self.cfg
-        bi, L, n = cfg.burn_in, cfg.seq_len, cfg.n_step
+        bi = cfg.burn_in
         obs, starts = batch.obs.transpose(0, 1), batch.start.T  # [S, B, ...]
+        cond = self.sequence_inputs(batch)
+        part = (lambda t: None) if cond is None else (lambda t: cond[t])  # noqa: E731
         state0 = batch.state if cfg.stored_state else torch.zeros_like(batch.state)
         with torch.no_grad():
             state = state0
             if bi:
-                _, state = self.actor.q_sequence(obs[:bi], state0, starts[:bi])
-            q_tgt, _ = self.target.q_sequence(obs, state0, starts, norm=self.actor.enc.norm)
-        q_online, _ = self.actor.q_sequence(obs[bi:], state, starts[bi:])  # [L + n, B, A]
+                _, state = self.actor.q_sequence(obs[:bi], state0, starts[:bi], cond=part(slice(None, bi)))
+            q_tgt, _ = self.target.q_sequence(obs, state0, starts, norm=self.actor.enc.norm, cond=cond)
+        q_online, _ = self.actor.q_sequence(obs[bi:], state, starts[bi:], cond=part(slice(bi, None)))
+        return q_online, q_tgt
+
+    def phases(self, batch, noise, shared=None):
+        cfg = self.cfg
+        q_online, q_tgt = self.sequence_q(batch)
+        per_seq, abs_td, mask, q_mean = self.sequence_loss(batch, q_online, q_tgt)
+        loss = (per_seq * batch.weights).mean() if cfg.prioritized else per_seq.mean()
+        yield self.optimizer, loss
+        counts = mask.sum(1)
+        priority = (cfg.priority_eta * abs_td.amax(1)
+                    + (1 - cfg.priority_eta) * abs_td.sum(1) / counts.clamp(min=1.0))
+        stats = {"q_loss": loss.detach(), "q_mean": q_mean}
+        return stats, (priority if cfg.prioritized else None)
+
+    def sequence_loss(self, batch, q_online, q_tgt):
+        """``(loss per sequence [B], |td| masked [B, L], trained mask [B, L] float, mean Q)`` from
+        the online Q ``[L + n, B, A]`` (steps after burn-in) and the target Q ``[S, B, A]``."""
+        cfg = self.cfg
+        bi, L, n = cfg.burn_in, cfg.seq_len, cfg.n_step
         with torch.no_grad():
             target, trained = self.sequence_targets(batch, q_online[n:n + L].detach(), q_tgt[bi + n:bi + n + L])
         q = q_online[:L].gather(-1, batch.action[:, bi:bi + L].T.long().unsqueeze(-1)).squeeze(-1).T  # [B, L]
         td = q - target
         per_step = F.smooth_l1_loss(q, target, reduction="none") if cfg.loss == "huber" else 0.5 * td.square()
         mask = trained.float()
-        counts = mask.sum(1)
-        per_seq = (per_step * mask).sum(1) / counts.clamp(min=1.0)
-        loss = (per_seq * batch.weights).mean() if cfg.prioritized else per_seq.mean()
-        yield self.optimizer, loss
-        abs_td = (td.detach().abs() * mask)
-        priority = (cfg.priority_eta * abs_td.amax(1)
-                    + (1 - cfg.priority_eta) * abs_td.sum(1) / counts.clamp(min=1.0))
-        stats = {"q_loss": loss.detach(), "q_mean": (q.detach() * mask).sum() / mask.sum().clamp(min=1.0)}
-        return stats, (priority if cfg.prioritized else None)
+        per_seq = (per_step * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        q_mean = (q.detach() * mask).sum() / mask.sum().clamp(min=1.0)
+        return per_seq, td.detach().abs() * mask, mask, q_mean
 
     # --- state
     def extra_state(self):

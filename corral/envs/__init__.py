@@ -1,6 +1,7 @@
 """Env layer: making envs from what a user names, and vector backends with one contract."""
 
 from corral.envs.base import EnvError, VecEnv
+from corral.envs.deepsea import register_deepsea
 from corral.envs.host import HostVecEnv
 from corral.envs.make import env_name, make_factory, register
 from corral.envs.masked import register_masked
@@ -8,6 +9,7 @@ from corral.envs.sync import SyncVecEnv
 from corral.envs.vec import BACKENDS, make_vec_env
 
 register_masked()  # CartPoleNoVel-v1, PendulumNoVel-v1, ...: the velocities masked
+register_deepsea()  # DeepSea-v0 (env.kwargs.size), DeepSea10-v0, ...: bsuite's hard-exploration chain
 
 __all__ = [
     "BACKENDS",

@@ -142,6 +142,7 @@ def _play(env: gym.Env, act_fn: Callable, seed: int, max_steps: int, dev: torch.
         obs, reward, terminated, truncated, info = env.step(action)
         total += float(reward)
         length += 1
+        act_fn.rewarded(torch.tensor([float(reward)], device=dev))
         frame(np.asarray(env.render(), dtype=np.uint8))
         if terminated or truncated:
             act_fn.episodes_ended(torch.ones(1, dtype=torch.bool))

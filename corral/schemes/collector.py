@@ -259,6 +259,7 @@ class Collector:
                 rew[t], term[t], trunc[t] = reward, terminated, truncated
                 extras_steps.append(extras)
                 ended = terminated | truncated
+                algo.rewarded(reward)
                 algo.episodes_ended(ended)
                 if ended.any():
                     finals.append(info["final_obs"][ended])

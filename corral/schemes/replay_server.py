@@ -41,12 +41,13 @@ class Ready:
 
 
 def batch_fields(batch) -> dict:
-    return {f.name: getattr(batch, f.name).cpu() for f in dataclasses.fields(batch)}
+    return {f.name: None if getattr(batch, f.name) is None else getattr(batch, f.name).cpu()
+            for f in dataclasses.fields(batch)}
 
 
 def batch_to(batch, device):
-    return type(batch)(**{f.name: getattr(batch, f.name).to(device, non_blocking=True)
-                          for f in dataclasses.fields(batch)})
+    return type(batch)(**{f.name: None if getattr(batch, f.name) is None
+                          else getattr(batch, f.name).to(device, non_blocking=True) for f in dataclasses.fields(batch)})
 
 
 class ReplayServer:
@@ -97,7 +98,8 @@ class ReplayServer:
         batch = self.sample(batch_size * count, step, beta_steps)
         if count > 1:
             order = torch.randperm(batch_size * count, generator=self._order)
-            batch = type(batch)(**{f.name: getattr(batch, f.name)[order] for f in dataclasses.fields(batch)})
+            batch = type(batch)(**{f.name: None if getattr(batch, f.name) is None else getattr(batch, f.name)[order]
+                                   for f in dataclasses.fields(batch)})
         return batch
 
     def exchange(self, indices, td_errors, batch_size: int, count: int, step: int, beta_steps: int) -> ReplayBatch:
@@ -289,11 +291,11 @@ class SequenceReplayServer(ReplayServer):
         self.cfg, self.num_envs = c, num_envs
         self.length = c.burn_in + c.seq_len + c.n_step
         self.period = c.seq_period or c.seq_len
-        self.state_dim = c.core_size * c.core_layers * (2 if c.recurrent == "lstm" else 1)
+        self.state_dim, self.aux_dim = c.sequence_dims()  # the algorithm's config says (Agent57: two cores)
         self.obs_shape, self.obs_dtype = _obs_spec(obs_space)
         self.buffer = SequenceReplay(max(c.batch_size, c.buffer_size // self.period), self.length, self.obs_shape,
                                      self.obs_dtype, torch.long, self.state_dim, "cpu", seed, c.prioritized,
-                                     c.per_alpha, c.per_beta, c.per_beta_final, c.per_eps)
+                                     c.per_alpha, c.per_beta, c.per_beta_final, c.per_eps, self.aux_dim)
         self.batch_cls = SequenceBatch
         self.windows: dict[int, tuple[int, Any]] = {}  # collector -> (generation, window)
         self._order = torch.Generator().manual_seed(int(seed) + 1)
@@ -305,7 +307,7 @@ class SequenceReplayServer(ReplayServer):
         held = self.windows.get(worker)
         if held is None or held[0] != generation:
             held = (generation, SequenceWindow(self.length, self.period, self.num_envs, self.obs_shape,
-                                               self.obs_dtype, torch.long, self.state_dim, "cpu"))
+                                               self.obs_dtype, torch.long, self.state_dim, "cpu", self.aux_dim))
             self.windows[worker] = held
         return held[1]
 
@@ -314,9 +316,10 @@ class SequenceReplayServer(ReplayServer):
             data = data.head(rows)
         window, ex = self._window(source), data.extras
         for t in range(data.length):  # the env's own flags: a fragment's end is no episode end here
+            aux = {"aux": ex.aux[t]} if self.aux_dim else {}  # (NGU's extras record has aux)
             seqs = window.add(obs=data.obs[t], action=ex.action[t], reward=data.reward[t],
                               terminated=data.terminated[t], truncated=data.truncated[t], start=ex.start[t],
-                              state=ex.state[t])
+                              state=ex.state[t], **aux)
             if seqs is not None:
                 self.buffer.add(seqs)
         return len(self.buffer)

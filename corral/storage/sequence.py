@@ -39,18 +39,21 @@ class SequenceBatch:
     state: torch.Tensor  # the recurrent state entering step 0 (as collected)
     weights: torch.Tensor  # [B] importance weights (ones when uniform)
     indices: torch.Tensor  # [B] slots, for update_priorities
+    aux: torch.Tensor | None = None  # [B, S, aux_dim] per-step floats an algorithm stores (NGU's inputs), or None
 
     def split(self, size: int) -> list[SequenceBatch]:
-        parts = [getattr(self, f.name).split(size) for f in fields(self)]
+        parts = [(None,) * -(-self.state.shape[0] // size) if getattr(self, f.name) is None
+                 else getattr(self, f.name).split(size) for f in fields(self)]
         return [SequenceBatch(*p) for p in zip(*parts)]
 
 
 class SequenceWindow:
     """The last ``S`` steps of each of ``N`` columns; ``add`` returns ``N`` finished sequences
-    (a dict of ``[N, S, ...]`` tensors and ``state [N, D]``) every ``period`` steps, else None."""
+    (a dict of ``[N, S, ...]`` tensors and ``state [N, D]``) every ``period`` steps, else None.
+    ``aux_dim > 0``: each step also carries ``aux [N, aux_dim]`` floats (NGU's per-step inputs)."""
 
     def __init__(self, length: int, period: int, num_envs: int, obs_shape, obs_dtype, action_dtype,
-                 state_dim: int, device):
+                 state_dim: int, device, aux_dim: int = 0):
         if not 1 <= period <= length:
             raise ValueError(f"sequence period must be in 1..{length} (the sequence length), got {period}")
         S, N = length, num_envs
@@ -59,6 +62,8 @@ class SequenceWindow:
         self.rows = {"obs": z(*obs_shape, dtype=obs_dtype), "action": z(dtype=action_dtype), "reward": z(),
                      "terminated": z(dtype=torch.bool), "truncated": z(dtype=torch.bool),
                      "start": z(dtype=torch.bool), "state": z(state_dim)}
+        if aux_dim:
+            self.rows["aux"] = z(aux_dim)
         self.filled = 0
 
     def add(self, **step: torch.Tensor) -> dict[str, torch.Tensor] | None:
@@ -87,12 +92,14 @@ class SequenceWindow:
 class SequenceReplay:
     def __init__(self, capacity: int, length: int, obs_shape, obs_dtype, action_dtype, state_dim: int,
                  device, seed: int, prioritized: bool = False, alpha: float = 0.9, beta: float = 0.6,
-                 beta_final: float = 0.6, eps: float = 1e-6):
+                 beta_final: float = 0.6, eps: float = 1e-6, aux_dim: int = 0):
         self.capacity, self.length = int(capacity), int(length)
         self.device = torch.device(device)
         C, S = self.capacity, self.length
         specs = {"obs": ((*obs_shape,), obs_dtype), "action": ((), action_dtype), "reward": ((), torch.float32),
                  "terminated": ((), torch.bool), "truncated": ((), torch.bool), "start": ((), torch.bool)}
+        if aux_dim:
+            specs["aux"] = ((int(aux_dim),), torch.float32)
         per_seq = sum(S * int(torch.tensor([], dtype=dt).element_size()) * int(torch.Size(sh).numel())
                       for sh, dt in specs.values()) + 4 * state_dim
         needed = C * per_seq + (SumTree.bytes_needed(C) if prioritized else 0)
@@ -155,7 +162,8 @@ class SequenceReplay:
                                  * (total / batch_size))
             weights = ((self.tree.min / self.tree.get(idx)) ** self.beta).float()
         d = self.data
-        return SequenceBatch(*(d[k][idx] for k in SEQ_FIELDS), d["state"][idx], weights, idx)
+        return SequenceBatch(*(d[k][idx] for k in SEQ_FIELDS), d["state"][idx], weights, idx,
+                             d["aux"][idx] if "aux" in d else None)
 
     def update_priorities(self, indices: torch.Tensor, priorities: torch.Tensor) -> None:
         """Sequence priorities (R2D2: ``eta max_t |td| + (1 - eta) mean_t |td|``) -> ``(p + eps)^alpha``."""

@@ -218,6 +218,9 @@ class _EpsilonGreedy(Policy):
     def episodes_ended(self, ended: torch.Tensor) -> None:
         self.inner.episodes_ended(ended)
 
+    def rewarded(self, reward: torch.Tensor) -> None:
+        self.inner.rewarded(reward)
+
 
 # ---------------------------------------------------------------------------
 # Playing
@@ -262,7 +265,8 @@ def play_episodes(act: Callable[[torch.Tensor], torch.Tensor], env, episodes: in
         if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
             timed_out = True
             break
-        obs, _, term, trunc, info = env.step(act(obs))
+        obs, reward, term, trunc, info = env.step(act(obs))
+        act.rewarded(reward)
         act.episodes_ended(term | trunc)
         done = episode_done(info, term, trunc).cpu().numpy()
         if done.any():
@@ -310,7 +314,8 @@ def _first_episodes_on_device(act, env, wanted: torch.Tensor, seed: int | None, 
     timed_out = False
     t = 0
     while True:
-        obs, _, term, trunc, info = env.step(act(obs))
+        obs, reward, term, trunc, info = env.step(act(obs))
+        act.rewarded(reward)
         act.episodes_ended(term | trunc)
         done = episode_done(info, term, trunc) & alive
         returns = torch.where(done, info["episode_return"].to(returns.dtype), returns)

@@ -191,6 +191,7 @@ class Learner:
                 next_obs, reward, terminated, truncated, info = env.step(env_action)
                 algo.observe(Step(obs, extras, reward, terminated, truncated, info["final_obs"], next_obs,
                                   agents=info.get("agents")))
+                algo.rewarded(reward)
                 algo.episodes_ended(terminated | truncated)
             obs = next_obs
             self.obs = obs
