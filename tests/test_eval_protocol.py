@@ -154,7 +154,7 @@ def test_eval_epsilon_is_reproducible_and_leaves_the_training_streams_alone():
 
 
 def test_the_eval_action_stream_comes_after_the_others_and_keeps_their_seeds():
-    assert STREAMS[-5:] == ("noise", "tau", "noisy", "eval_action", "subset")  # REDQ's subset stream came later
+    assert STREAMS[-6:] == ("noise", "tau", "noisy", "eval_action", "subset", "rnd")  # REDQ's subset, then RND's mask, came later
     seeds = RNGStreams(7).seeds
     root = np.random.SeedSequence([7, 0]).spawn(7)  # the seven streams there were before
     assert [seeds[n] for n in STREAMS[:7]] == [int(c.generate_state(1, dtype=np.uint32)[0]) for c in root]
