@@ -138,3 +138,208 @@ def test_rnd_state_dict_holds_networks_and_observation_statistics():
     obs = torch.randn(5, 3)
     assert torch.equal(a.novelty(obs), b.novelty(obs))
     assert {"obs_norm.mean", "obs_norm.var", "obs_norm.count"} <= set(a.state_dict())
+
+
+# --- ppo_rnd ----------------------------------------------------------------------------
+
+import json  # noqa: E402
+import math  # noqa: E402
+
+import corral  # noqa: E402
+from corral.algos.base import Step  # noqa: E402
+from corral.algos.ppo_rnd import PPORND, PPORNDConfig  # noqa: E402
+from corral.cli import main  # noqa: E402
+from corral.errors import UserError  # noqa: E402
+from corral.rng import RNGStreams  # noqa: E402
+from corral.train.checkpoint import load_checkpoint  # noqa: E402
+from corral.train.learner import Learner  # noqa: E402
+from corral.train.setup import build_config  # noqa: E402
+
+QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
+SMALL_PIXELS = gym.spaces.Box(0, 255, (4, 36, 36), np.uint8)  # the smallest the Nature CNN takes
+
+
+def make_algo(obs_space=FLAT, num_envs=2, **kw):
+    cfg = PPORNDConfig(**{"n_steps": 8, "batch_size": 16, "n_epochs": 1, "warmup_steps": 0, **kw})
+    return PPORND(cfg, obs_space, gym.spaces.Discrete(3), num_envs, torch.device("cpu"), RNGStreams(0))
+
+
+def random_obs(space, n, g):
+    if space.dtype == np.uint8:
+        return torch.randint(0, 256, (n, *space.shape), generator=g, dtype=torch.uint8)
+    return torch.randn(n, *space.shape, generator=g)
+
+
+def fill(algo, steps=None, done_every=5):
+    """Feed ``steps`` random vector steps (an episode ends every ``done_every``, terminated in
+    column 0 and truncated in column 1)."""
+    g = torch.Generator().manual_seed(0)
+    n = algo.num_envs
+    obs = random_obs(algo.obs_space, n, g)
+    for t in range(steps or algo.cfg.n_steps):
+        with torch.no_grad():
+            _, extras = algo.explore(obs)
+            nxt = random_obs(algo.obs_space, n, g)
+            end = (t + 1) % done_every == 0
+            term = torch.tensor([end] + [False] * (n - 1))
+            trunc = torch.tensor([False] + [end] * (n - 1))
+            algo.observe(Step(obs, extras, -torch.ones(n), term, trunc, nxt, nxt))
+        obs = nxt
+
+
+def grads(loss, params):
+    return [torch.zeros_like(p) if g is None else g
+            for p, g in zip(params, torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True))]
+
+
+def member_moved(gs, k):
+    """Whether any gradient reaches body member ``k`` (policy 0, extrinsic value 1, intrinsic value 2)."""
+    return any(g[k].abs().sum().item() > 0 for g in gs)
+
+
+@pytest.mark.parametrize("space", [FLAT, SMALL_PIXELS], ids=["flat", "pixels"])
+def test_each_loss_moves_only_its_own_parameters(space):
+    """What is checked: the policy term (pg - entropy, vf_coef=0) reaches only body member 0, the
+    extrinsic value term only member 1, the intrinsic value loss only member 2; none of them
+    reaches RND; the predictor loss reaches only the predictor, never the target nor the actor.
+    On pixels the Nature-CNN torso is shared by the three heads (the paper's network) and
+    gets gradient from each of them. The two optimizers hold disjoint parameters and neither
+    holds the target."""
+    algo = make_algo(space, ent_coef=0.01)
+    fill(algo)
+    batch = algo.prepare_batch()
+    body = list(algo.actor.body.parameters())
+    torso = list(algo.actor.cnn.parameters()) if algo.actor.cnn is not None else []
+    actor = list(algo.actor.parameters())
+    predictor, target = list(algo.rnd.predictor.parameters()), list(algo.rnd.target.parameters())
+    assert all(not p.requires_grad for p in target)
+
+    ppo_part, v_loss_int, rnd_loss, _ = algo.minibatch_losses(batch, None, 0.2)
+    algo.cfg.vf_coef = 0.0
+    policy_part, _, _, _ = algo.minibatch_losses(batch, None, 0.2)
+    ext_value_part = ppo_part - policy_part  # 0.5 * v_loss (extrinsic)
+
+    g = grads(policy_part, body)
+    assert member_moved(g, 0) and not member_moved(g, 1) and not member_moved(g, 2)
+    g = grads(ext_value_part, body)
+    assert member_moved(g, 1) and not member_moved(g, 0) and not member_moved(g, 2)
+    g = grads(v_loss_int, body)
+    assert member_moved(g, 2) and not member_moved(g, 0) and not member_moved(g, 1)
+    for loss in (policy_part, ext_value_part, v_loss_int):
+        assert all(x.abs().sum() == 0 for x in grads(loss, predictor))
+        if torso:
+            assert any(x.abs().sum() > 0 for x in grads(loss, torso))
+    assert all(x.abs().sum() == 0 for x in grads(rnd_loss, actor))
+    assert all(x.abs().sum() > 0 for x in grads(rnd_loss, predictor))
+
+    in_opt = {id(p) for p in algo.optimizer.params}
+    in_rnd_opt = {id(p) for p in algo.rnd_optimizer.params}
+    assert in_opt == {id(p) for p in actor} and in_rnd_opt == {id(p) for p in predictor}
+    assert not ({id(p) for p in target} & (in_opt | in_rnd_opt))
+
+    target_before = [p.clone() for p in target]
+    algo.cfg.vf_coef = 0.5
+    algo.update(0.0)
+    assert all(torch.equal(a, b) for a, b in zip(target_before, target))
+
+
+def test_intrinsic_returns_are_non_episodic_and_extrinsic_ones_episodic():
+    # gamma 1 and lambda 1: each stream's return is a plain sum; column 0 terminates at step 5
+    algo = make_algo(num_envs=2, n_steps=8, batch_size=16, gamma=1.0, int_gamma=1.0, gae_lambda=1.0)
+    fill(algo, done_every=5)
+    with torch.no_grad():  # zero values everywhere: the returns are the rewards' sums
+        for p in algo.actor.body.parameters():
+            p.zero_()
+        algo.int_values.zero_()
+        algo.storage.data.values.zero_()
+    batch = algo.prepare_batch()
+    ret_ext, ret_int = batch.ret.view(8, 2)[:, 0], batch.ret_int.view(8, 2)[:, 0]
+    r_int = algo.int_norm.normalize(algo.novelty[:, 0])
+    # extrinsic: -1 per step, cut at the termination after step index 4
+    torch.testing.assert_close(ret_ext, torch.tensor([-5.0, -4, -3, -2, -1, -3, -2, -1]))
+    # intrinsic: runs across the termination to the rollout's end (bootstrap 0 there)
+    torch.testing.assert_close(ret_int, r_int.flip(0).cumsum(0).flip(0))
+    episodic = make_algo(num_envs=2, n_steps=8, batch_size=16, gamma=1.0, int_gamma=1.0, gae_lambda=1.0,
+                         int_episodic=True)
+    fill(episodic, done_every=5)
+    with torch.no_grad():
+        for p in episodic.actor.body.parameters():
+            p.zero_()
+        episodic.int_values.zero_()
+    cut = episodic.prepare_batch().ret_int.view(8, 2)[:, 0]
+    r = episodic.int_norm.normalize(episodic.novelty[:, 0])
+    torch.testing.assert_close(cut[:5], r[:5].flip(0).cumsum(0).flip(0))
+
+
+def test_intrinsic_reward_is_novelty_over_the_running_std_of_per_env_filtered_returns():
+    algo = make_algo(num_envs=3, n_steps=6, batch_size=18, int_gamma=0.9)
+    fill(algo)
+    expected = IntrinsicReturnNormalizer(3, 0.9)
+    R = expected.forward_filter(algo.novelty.clone())
+    torch.testing.assert_close(algo.int_returns, R)
+    expected.update(R)
+    stats = algo.update(0.0)
+    torch.testing.assert_close(algo.int_norm.std, expected.std)
+    assert stats["int_reward"] == pytest.approx((algo.novelty / expected.std).mean().item(), rel=1e-5)
+    torch.testing.assert_close(algo.int_norm.ret, R[-1])  # carried into the next rollout
+
+
+def test_warm_up_acts_at_random_feeds_only_rnds_normaliser_and_stores_nothing():
+    algo = make_algo(warmup_steps=10)  # 2 envs: 5 vector steps
+    fill(algo, steps=5)
+    assert algo.storage.step == 0 and algo.rnd.obs_norm.count.item() == 10 and algo.env_steps == 10
+    with torch.no_grad():
+        _, ex = algo.explore(torch.zeros(2, 3))
+    assert not ex.warmup.any()
+    fill(algo, steps=3)
+    assert algo.storage.step == 3
+    # a warm-up step's log-prob is the uniform law's
+    fresh = make_algo(warmup_steps=10)
+    with torch.no_grad():
+        _, ex = fresh.explore(torch.zeros(2, 3))
+    assert ex.warmup.all()
+    torch.testing.assert_close(ex.log_prob, torch.full((2,), -math.log(3)))
+
+
+def test_ppo_rnd_refuses_observations_rnd_cannot_read():
+    with pytest.raises(UserError, match="ppo_rnd needs Box observations"):
+        PPORND(PPORNDConfig(), gym.spaces.Discrete(5), gym.spaces.Discrete(2), 1, torch.device("cpu"),
+               RNGStreams(0))
+
+
+SMOKE = ["ppo_rnd.n_steps=16", "ppo_rnd.batch_size=32", "ppo_rnd.n_epochs=2", "ppo_rnd.warmup_steps=64",
+         "env.num_envs=2"]
+
+
+def test_ppo_rnd_runs_through_the_cli(tmp_path, capsys):
+    args = ["train", "ppo_rnd", "MountainCar-v0", "--steps", "512", "--run-dir", str(tmp_path / "r"), "--json",
+            "--set", "tensorboard=false", "--set", "eval.episodes=1", *sum((["--set", s] for s in SMOKE), [])]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["env_steps"] == 512
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in rows if "rnd_loss" in r]
+    assert updates
+    # the 64 warm-up steps store nothing: 448 steps make 14 rollouts of 32
+    assert load_checkpoint(tmp_path / "r" / "checkpoints" / "latest.pt")["algo"]["updates"] == 14
+    for key in ("rnd_loss", "v_loss_int", "novelty", "int_reward", "int_return_std", "v_loss", "pg_loss"):
+        assert all(math.isfinite(r[key]) for r in updates), key
+
+
+def test_ppo_rnd_trained_2n_equals_n_then_resumed_bit_for_bit(tmp_path):
+    sets = [*SMOKE, "ppo_rnd.normalize_obs=true", *[f"{k}={v}" for k, v in QUIET.items()]]
+    n = 256  # the warm-up (64) and 6 updates before the checkpoint, 8 after
+    a = Learner(build_config("ppo_rnd", "MountainCar-v0", steps=2 * n, seed=3, sets=sets), None)
+    a.train()
+    assert main(["train", "ppo_rnd", "MountainCar-v0", "--steps", str(n), "--seed", "3", "--run-dir",
+                 str(tmp_path / "b"), *sum((["--set", s] for s in sets), [])]) == 0
+    assert main(["resume", str(tmp_path / "b"), "--steps", str(2 * n)]) == 0
+    b = load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")["algo"]
+    sa = a.algo.state_dict()
+    for name in ("actor", "rnd", "int_norm"):
+        for k, v in sa[name].items():
+            assert torch.equal(v, b[name][k]), f"{name}.{k}"
+    for name in ("optimizer", "rnd_optimizer"):
+        assert torch.equal(sa[name]["exp_avg"], b[name]["exp_avg"]) and sa[name]["steps"] == b[name]["steps"]
+    assert a.algo.updates == 14 and b["env_steps"] == 2 * n
+    assert sa["rnd_optimizer"]["steps"] > 0 and sa["int_norm"]["stats.count"] > 0
