@@ -343,3 +343,67 @@ def test_ppo_rnd_trained_2n_equals_n_then_resumed_bit_for_bit(tmp_path):
         assert torch.equal(sa[name]["exp_avg"], b[name]["exp_avg"]) and sa[name]["steps"] == b[name]["steps"]
     assert a.algo.updates == 14 and b["env_steps"] == 2 * n
     assert sa["rnd_optimizer"]["steps"] > 0 and sa["int_norm"]["stats.count"] > 0
+
+
+def test_with_collectors_each_ones_intrinsic_returns_run_along_its_own_time_in_process():
+    from corral.schemes.fragments import FragmentScheme
+
+    L = Learner(build_config("ppo_rnd", "MountainCar-v0", steps=4 * 2 * 2 * 16, overrides={
+        **QUIET, "scheme.collectors": 2, "env.num_envs": 2, "ppo_rnd.n_steps": 16, "ppo_rnd.batch_size": 32,
+        "ppo_rnd.n_epochs": 1, "ppo_rnd.warmup_steps": 0}), None, env_spec="MountainCar-v0", quiet=True)
+    scheme = FragmentScheme(L)
+    log, current = [], {}
+
+    def on_fragment(meta, data):  # the learner's algorithm exists (rebuilt for K fragments) by now
+        current["worker"] = meta.worker
+        norm = L.algo.int_norm
+        if not hasattr(norm, "logged"):
+            step = norm.step
+            norm.logged = True
+            norm.step = lambda r: log.append((current["worker"], r.clone(), step(r))) or log[-1][2]
+
+    scheme.fragment_callback = on_fragment
+    L.make_stream = scheme.stream
+    L.train()
+    assert L.algo.updates == 4 and {w for w, _, _ in log} == {0, 1}
+    for k in (0, 1):
+        own = IntrinsicReturnNormalizer(2, L.algo.cfg.int_gamma)
+        for w, r, R in log:
+            if w == k:
+                torch.testing.assert_close(own.step(r), R, rtol=0, atol=0)
+    one = IntrinsicReturnNormalizer(2, L.algo.cfg.int_gamma)  # one filter through both collectors' steps
+    assert not all(torch.equal(one.step(r), R) for _, r, R in log)
+
+
+def test_ppo_rnd_learns_from_two_ray_collectors(ray_local):
+    L = Learner(build_config("ppo_rnd", "MountainCar-v0", steps=2 * 2 * 2 * 16, overrides={
+        **QUIET, "scheme.collectors": 2, "env.num_envs": 2, "ppo_rnd.n_steps": 16, "ppo_rnd.batch_size": 32,
+        "ppo_rnd.n_epochs": 1, "ppo_rnd.warmup_steps": 64}), None, env_spec="MountainCar-v0", quiet=True)
+    rows = list(L.make_stream())
+    # two rounds of 2 fragments of 32 steps: the first, started at env step 0, was warm-up (random
+    # actions, RND's normaliser only); the second is one update's rollout
+    assert L.algo.updates == 1 and L.algo.rnd.obs_norm.count.item() == 64 + 64
+    assert L.algo.rnd_optimizer.steps == 2 and math.isfinite(rows[-1]["rnd_loss"])
+
+
+atari = pytest.mark.skipif(not __import__("importlib").util.find_spec("ale_py"), reason="ale-py not installed")
+
+
+@atari
+def test_ppo_rnd_runs_montezumas_revenge_through_the_loop(tmp_path, capsys):
+    # 768 agent steps = 3,072 frames with the Atari preset's networks (RND's 512 features on the
+    # newest 84x84 frame), a short warm-up and rollout; one evaluation episode capped at 100 steps
+    args = ["train", "ppo_rnd", "ALE/MontezumaRevenge-v5", "--steps", "768", "--run-dir", str(tmp_path / "r"),
+            "--json", "--set", "tensorboard=false", "--set", "eval.episodes=1", "--set", "eval.max_episode_steps=100",
+            "--set", "env.num_envs=2", "--set", "ppo_rnd.n_steps=64", "--set", "ppo_rnd.batch_size=128",
+            "--set", "ppo_rnd.n_epochs=1", "--set", "ppo_rnd.warmup_steps=256"]
+    assert main(args) == 0, capsys.readouterr().err
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["env_steps"] == 768
+    state = load_checkpoint(tmp_path / "r" / "checkpoints" / "latest.pt")
+    assert state["config"]["ppo_rnd"]["rnd_features"] == 512  # the preset's
+    algo = state["algo"]
+    assert algo["updates"] == (768 - 256) // 128 and algo["rnd_optimizer"]["steps"] == algo["updates"]
+    assert algo["rnd"]["obs_norm.mean"].shape == (1, 84, 84) and algo["rnd"]["obs_norm.count"] == 768
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["rnd_loss"]) and r["novelty"] > 0 for r in rows if "rnd_loss" in r)
