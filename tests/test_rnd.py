@@ -407,3 +407,47 @@ def test_ppo_rnd_runs_montezumas_revenge_through_the_loop(tmp_path, capsys):
     assert algo["rnd"]["obs_norm.mean"].shape == (1, 84, 84) and algo["rnd"]["obs_norm.count"] == 768
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert all(math.isfinite(r["rnd_loss"]) and r["novelty"] > 0 for r in rows if "rnd_loss" in r)
+
+
+# --- learning on MountainCar-v0: -1 every step until the flag, so without exploration every
+# episode's return is -200 and PPO's policy gradient has nothing to follow
+
+
+def best_eval_agent(algo, tmp_path, steps, seed=0, **overrides):
+    """Train with periodic deterministic evaluation; the best evaluation's checkpoint."""
+    corral.train(algo, "MountainCar-v0", steps=steps, seed=seed, run_dir=str(tmp_path / algo),
+                 **{"eval.every": 5000, "eval.episodes": 5, "tensorboard": False, "progress": False, **overrides})
+    return corral.load(tmp_path / algo)
+
+
+def ppo_at_ppo_rnds_settings() -> dict:
+    """The ppo_rnd MountainCar preset's PPO options (same envs, rollout, epochs, lr, gammas)."""
+    from dataclasses import fields
+
+    from corral.algos.ppo import PPOConfig
+    from corral.train.setup import load_preset
+
+    preset = load_preset("ppo_rnd", "MountainCar-v0")
+    ppo = {f.name for f in fields(PPOConfig)}
+    return {"env.num_envs": preset["env"]["num_envs"],
+            **{f"ppo.{k}": v for k, v in preset["ppo_rnd"].items() if k in ppo}}
+
+
+def test_ppo_rnd_reaches_the_flag_on_mountaincar_within_30k_steps_where_ppo_at_its_settings_does_not(tmp_path):
+    # seed 0: ppo_rnd's best periodic evaluation reaches the flag from 6k steps on (held-out -177.0);
+    # the same PPO without RND first does at 49k (docs/results.md)
+    rnd = best_eval_agent("ppo_rnd", tmp_path, 30_000)
+    result = corral.evaluate(rnd, "MountainCar-v0", episodes=10, seed=123)
+    assert result["mean_return"] >= -190, result
+    ppo = best_eval_agent("ppo", tmp_path, 30_000, **ppo_at_ppo_rnds_settings())
+    assert ppo.cfg.algo_cfg.gamma == 0.999 and ppo.cfg.env.num_envs == 32
+    assert corral.evaluate(ppo, "MountainCar-v0", episodes=10, seed=123)["mean_return"] == -200
+
+
+@pytest.mark.slow
+def test_ppo_rnd_preset_reaches_the_flag_on_mountaincar_within_300k_steps_where_default_ppo_stays_at_minus_200(
+        tmp_path):
+    rnd = best_eval_agent("ppo_rnd", tmp_path, 300_000)
+    assert corral.evaluate(rnd, "MountainCar-v0", episodes=10, seed=123)["mean_return"] >= -190
+    ppo = best_eval_agent("ppo", tmp_path, 300_000, **{"eval.every": 20_000})  # PPO's defaults (CleanRL's: -200 at 500k)
+    assert corral.evaluate(ppo, "MountainCar-v0", episodes=10, seed=123)["mean_return"] == -200
