@@ -1,11 +1,25 @@
-"""RND (corral.exploration.rnd) and ppo_rnd (corral.algos.ppo_rnd)."""
+"""RND (corral.exploration.rnd) and ppo_rnd (corral.algos.ppo_rnd): known answers of RND's
+parts, gradient isolation, exact resume, collectors, a CLI run, MontezumaRevenge through the
+loop, and learning MountainCar-v0 where PPO does not."""
+
+import json
+import math
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+import corral
+from corral.algos.base import Step
+from corral.algos.ppo_rnd import PPORND, PPORNDConfig
+from corral.cli import main
+from corral.errors import UserError
 from corral.exploration import RND, IntrinsicReturnNormalizer
+from corral.rng import RNGStreams
+from corral.train.checkpoint import load_checkpoint
+from corral.train.learner import Learner
+from corral.train.setup import build_config
 
 FLAT = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 PIXELS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -141,19 +155,6 @@ def test_rnd_state_dict_holds_networks_and_observation_statistics():
 
 
 # --- ppo_rnd ----------------------------------------------------------------------------
-
-import json  # noqa: E402
-import math  # noqa: E402
-
-import corral  # noqa: E402
-from corral.algos.base import Step  # noqa: E402
-from corral.algos.ppo_rnd import PPORND, PPORNDConfig  # noqa: E402
-from corral.cli import main  # noqa: E402
-from corral.errors import UserError  # noqa: E402
-from corral.rng import RNGStreams  # noqa: E402
-from corral.train.checkpoint import load_checkpoint  # noqa: E402
-from corral.train.learner import Learner  # noqa: E402
-from corral.train.setup import build_config  # noqa: E402
 
 QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
 SMALL_PIXELS = gym.spaces.Box(0, 255, (4, 36, 36), np.uint8)  # the smallest the Nature CNN takes
