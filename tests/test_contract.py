@@ -25,6 +25,7 @@ BOX = gym.spaces.Box(-1, 1, (4,), np.float32)
 ALGOS = {  # name: (obs space, action space, config overrides)
     "ppo": (BOX, gym.spaces.Discrete(2), {}),
     "ppo_lstm": (BOX, gym.spaces.Discrete(2), {}),
+    "ppo_rnd": (BOX, gym.spaces.Discrete(2), {}),
     "impala": (BOX, gym.spaces.Discrete(2), {}),
     "a2c": (BOX, gym.spaces.Discrete(2), {}),
     "reinforce": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {}),

@@ -187,3 +187,19 @@ def test_what_a_step_returns_is_never_overwritten_by_later_steps():
         if not (term | trunc).any():
             assert info["final_obs"] is obs and not info["episode_done"].any()
     assert all(torch.equal(a, b) for a, b in zip(kept, copies))
+
+
+def test_mountaincar_state_passes_a_weights_only_checkpoint_and_round_trips_bit_for_bit(tmp_path):
+    # MountainCar keeps its state as a tuple of np.float64 (a Python float subclass): saved as
+    # plain numbers, or torch.load(weights_only=True) refuses the whole checkpoint
+    a = make_vec_env("MountainCar-v0", 2)
+    a.reset(seed=1)
+    for _ in range(5):
+        a.step(torch.randint(0, 3, (2,)))
+    torch.save(a.state_dict(), tmp_path / "env.pt")
+    b = make_vec_env("MountainCar-v0", 2)
+    b.reset(seed=99)
+    assert b.load_state_dict(torch.load(tmp_path / "env.pt", weights_only=True))
+    for act in torch.randint(0, 3, (250, 2)):
+        ra, rb = a.step(act), b.step(act)
+        assert torch.equal(ra[0], rb[0]) and torch.equal(ra[1], rb[1]) and torch.equal(ra[3], rb[3])

@@ -19,6 +19,7 @@ from corral.algos.qmix import QMIX
 from corral.algos.ngu import NGU, Agent57
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
+from corral.algos.ppo_rnd import PPORND
 from corral.algos.redq import DROQ_OVERRIDES, REDQ
 from corral.algos.reinforce import REINFORCE, REINFORCEConfig
 from corral.algos.r2d2 import DRQN_OVERRIDES, R2D2
@@ -46,6 +47,8 @@ ALGOS: dict[str, AlgoSpec] = {
                           "learned baseline (discrete and continuous)"),
     "ppo_lstm": AlgoSpec(RecurrentPPO, help="PPO with a recurrent (LSTM, or GRU: ppo_lstm.recurrent=gru) "
                          "actor-critic, trained on stored sequences"),
+    "ppo_rnd": AlgoSpec(PPORND, help="PPO with Random Network Distillation: intrinsic reward from a predictor "
+                        "chasing a fixed random network, two value heads, non-episodic intrinsic returns"),
     "dqn": AlgoSpec(DQN, help="Deep Q-Network (discrete)"),
     "double_dqn": AlgoSpec(DQN, {"double": True}, "Double DQN"),
     "dueling_dqn": AlgoSpec(DQN, {"dueling": True}, "Dueling DQN"),

@@ -58,18 +58,19 @@ def plain_state(obj: Any) -> dict[str, Any]:
     """Attributes of one env layer that a weights-only checkpoint can hold (numpy form)."""
     out: dict[str, Any] = {}
     for k, v in vars(obj).items():
-        if isinstance(v, (bool, int, float, str, type(None))):
+        if isinstance(v, np.generic):  # first: np.float64 is also a Python float
+            out[k] = {"__npscalar__": v.item(), "dtype": str(v.dtype)}
+        elif isinstance(v, (bool, int, float, str, type(None))):
             out[k] = v
         elif isinstance(v, np.ndarray) and v.dtype.kind in "biufc":
             out[k] = {"__ndarray__": np.array(v)}
         # arrays of strings or objects (FrozenLake's map) are what the env was built with, not
         # state it changes: the checkpoint stays numeric and the env keeps its own
-        elif isinstance(v, np.generic):
-            out[k] = {"__npscalar__": v.item(), "dtype": str(v.dtype)}
         elif isinstance(v, np.random.Generator):
             out[k] = {"__rng__": v.bit_generator.state}
         elif isinstance(v, tuple) and all(isinstance(x, (int, float, bool)) for x in v):
-            out[k] = {"__tuple__": list(v)}
+            # as Python numbers (MountainCar's state is a tuple of np.float64, which a weights-only load refuses)
+            out[k] = {"__tuple__": [x.item() if isinstance(x, np.generic) else x for x in v]}
     return out
 
 

@@ -89,7 +89,11 @@ class RND(nn.Module):
 
     def select(self, obs: torch.Tensor) -> torch.Tensor:
         """The part of raw observations the networks see (last ``frames`` channels of an image,
-        channels first; a flat vector), before normalisation."""
+        channels first; a flat vector), before normalisation. Observations already in that shape
+        (``in_shape``) are returned as they are, so a buffer of selected observations can be
+        passed to every method."""
+        if tuple(obs.shape[1:]) == self.in_shape:
+            return obs
         if not self.image:
             return obs.reshape(obs.shape[0], -1)
         if self.channels_last:
