@@ -123,6 +123,8 @@ def test_bad_actor_and_storage_classes_are_refused_with_the_fix():
         corral.train("ppo", "CartPole-v1", steps=64, save_run=False, storage="nonesuch", **SMALL)
     with pytest.raises(UserError, match="make_actor"):
         corral.train("ppo_lstm", "CartPole-v1", steps=64, save_run=False, actor=WideActor)
+    with pytest.raises(UserError, match="make_actor"):
+        corral.train("ppo_rnd", "CartPole-v1", steps=64, save_run=False, actor=WideActor)
 
 
 def test_a_registered_storage_is_taken_by_name_from_the_cli(tmp_path, capsys):

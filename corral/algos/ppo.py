@@ -288,6 +288,10 @@ class PPO(Algorithm):
                 f"{self.name}.batch_size={cfg.batch_size} is larger than the rollout n_steps*num_envs={rollout}; "
                 "lower batch_size or raise n_steps"
             )
+        if getattr(cfg, "actor", None) is not None and type(self).make_actor is not PPO.make_actor:
+            raise UserError(f"{self.name}.actor: a user's actor class is taken where the algorithm builds PPO's "
+                            f"actor-critic; {self.name} builds its own: subclass {type(self).__name__} and override "
+                            "make_actor instead (docs/custom.md)")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(rng.seeds["init"])
             self.actor = self.make_actor().to(device)

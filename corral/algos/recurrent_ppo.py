@@ -112,9 +112,6 @@ class RecurrentPPO(RecurrentColumns, PPO):
 
     def make_actor(self):
         cfg = self.cfg
-        if cfg.actor is not None:
-            raise UserError(f"{self.name}.actor: a user's actor class is taken by the feed-forward PPO family; for a "
-                            f"recurrent one, subclass {type(self).__name__} and override make_actor (docs/custom.md)")
         return RecurrentActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
                                     cfg.normalize_obs, cfg.log_std_init, cfg.recurrent, cfg.core_size,
                                     cfg.core_layers, cfg.shared_core, make_extractor(cfg.features, self.obs_space,
