@@ -79,7 +79,7 @@ def test_a_fragment_ends_in_a_boundary_whose_final_observation_is_the_next_obser
     assert len(steps) == 40
     done = data.terminated | data.truncated
     assert done.any(), "40 steps of a random CartPole policy end some episode"
-    for t, (obs, extras, reward, term, trunc, final_obs, next_obs, _) in enumerate(steps):
+    for t, (obs, extras, reward, term, trunc, final_obs, next_obs, *_) in enumerate(steps):
         assert torch.equal(obs, data.obs[t]) and torch.equal(next_obs, data.obs[t + 1])
         assert torch.equal(trunc, data.truncated[t] | (t == 39))
         # final_obs is the true next observation: obs[t + 1] unless the episode ended at t
