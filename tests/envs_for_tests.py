@@ -292,3 +292,19 @@ class TinyExtractor(__import__("torch").nn.Module):
 
     def forward(self, x):
         return self.net(x.flatten(1).float())
+
+
+def trained_and_resumed(algo: str, env: str, sets: list[str], n: int, seed: int, run_dir):
+    """Exact-resume fixture: ``(a, b)``, ``a`` a Learner trained 2n steps in one go, ``b`` the
+    agent of a CLI run trained n steps into ``run_dir`` and resumed there to 2n."""
+    import corral
+    from corral.cli import main
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config
+
+    a = Learner(build_config(algo, env, steps=2 * n, seed=seed, sets=sets), None)
+    a.train()
+    args = sum((["--set", s] for s in sets), [])
+    assert main(["train", algo, env, "--steps", str(n), "--seed", str(seed), "--run-dir", str(run_dir), *args]) == 0
+    assert main(["resume", str(run_dir), "--steps", str(2 * n)]) == 0
+    return a, corral.load(run_dir / "checkpoints" / "latest.pt")

@@ -11,7 +11,6 @@ import torch
 
 pytest.importorskip("pettingzoo")
 
-import corral  # noqa: E402
 from corral.actors.multiagent import ValueNorm  # noqa: E402
 from corral.algos.base import Step  # noqa: E402
 from corral.cli import main  # noqa: E402
@@ -19,6 +18,7 @@ from corral.errors import UserError  # noqa: E402
 from corral.returns import gae  # noqa: E402
 from corral.train.learner import Learner  # noqa: E402
 from corral.train.setup import build_config  # noqa: E402
+from envs_for_tests import trained_and_resumed  # noqa: E402
 
 LEAVING = "tests/ma_envs.py:LeavingEnv"
 QUIET = ["eval.episodes=0", "progress=false", "tensorboard=false"]
@@ -142,13 +142,7 @@ def test_value_norm_matches_debiased_running_moments():
 
 def test_trained_2n_equals_n_then_resumed_bit_for_bit(tmp_path):
     sets = [*QUIET, "env.num_envs=2", "mappo.n_steps=6", "mappo.hidden=[16, 16]"]
-    n = 60
-    a = Learner(build_config("mappo", LEAVING, steps=2 * n, seed=3, sets=sets), None)
-    a.train()
-    args = sum((["--set", s] for s in sets), [])
-    assert main(["train", "mappo", LEAVING, "--steps", str(n), "--seed", "3", "--run-dir", str(tmp_path / "b"), *args]) == 0
-    assert main(["resume", str(tmp_path / "b"), "--steps", str(2 * n)]) == 0
-    b = corral.load(tmp_path / "b" / "checkpoints" / "latest.pt")
+    a, b = trained_and_resumed("mappo", LEAVING, sets, n=60, seed=3, run_dir=tmp_path / "b")
     for (k, pa), pb in zip(a.algo.actor.state_dict().items(), b.algo.actor.state_dict().values()):
         assert torch.equal(pa, pb), k
     assert a.algo.updates == 10

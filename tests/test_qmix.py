@@ -10,12 +10,12 @@ import torch
 
 pytest.importorskip("pettingzoo")
 
-import corral  # noqa: E402
 from corral.algos.qmix import QMixer  # noqa: E402
 from corral.cli import main  # noqa: E402
 from corral.storage.replay import ReplayBatch  # noqa: E402
 from corral.train.learner import Learner  # noqa: E402
 from corral.train.setup import build_config  # noqa: E402
+from envs_for_tests import trained_and_resumed  # noqa: E402
 
 GAME = "corral.envs.matrix_games:TwoStepGame"
 QUIET = ["progress=false", "tensorboard=false"]
@@ -136,13 +136,7 @@ def test_the_loss_moves_the_agents_and_the_mixer_not_the_targets():
 def test_trained_2n_equals_n_then_resumed_bit_for_bit(tmp_path):
     sets = [*QUIET, "eval.episodes=0", "env.num_envs=4", "qmix.learning_starts=40", "qmix.batch_size=16",
             "qmix.target_update_interval=64", "qmix.hidden=[16]", "qmix.exploration_fraction=0"]
-    n = 200
-    a = Learner(build_config("qmix", GAME, steps=2 * n, seed=3, sets=sets), None)
-    a.train()
-    args = sum((["--set", s] for s in sets), [])
-    assert main(["train", "qmix", GAME, "--steps", str(n), "--seed", "3", "--run-dir", str(tmp_path / "b"), *args]) == 0
-    assert main(["resume", str(tmp_path / "b"), "--steps", str(2 * n)]) == 0
-    b = corral.load(tmp_path / "b" / "checkpoints" / "latest.pt")
+    a, b = trained_and_resumed("qmix", GAME, sets, n=200, seed=3, run_dir=tmp_path / "b")
     for name in ("actor", "mixer", "target", "target_mixer"):
         for (k, pa), pb in zip(getattr(a.algo, name).state_dict().items(), getattr(b.algo, name).state_dict().values()):
             assert torch.equal(pa, pb), (name, k)
