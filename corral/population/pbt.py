@@ -107,7 +107,7 @@ def pbt(algo: str, env: Any = "CartPole-v1", *, mutations: dict | list, initial:
     from ray import tune
     from ray.tune.schedulers import PopulationBasedTraining
 
-    from corral.population.tune import (check_space, ray_session, run_config, trainable_params, trial_dirname,
+    from corral.population.tune import (check_space, fit_trials, ray_session, trainable_params, trial_dirname,
                                         trial_rows)
 
     space = parse_space(mutations)
@@ -140,21 +140,11 @@ def pbt(algo: str, env: Any = "CartPole-v1", *, mutations: dict | list, initial:
         time_attr="training_iteration", perturbation_interval=interval, quantile_fraction=quantile,
         custom_explore_fn=custom_explore, synch=synch)
     with ray_session(num_cpus):
-        from corral.population.trainable import CorralTrainable
-
-        trainable = tune.with_resources(CorralTrainable, {"cpu": cpus_per_trial})
         name = name or f"pbt-{algo}-{_safe(env)}"
-        path = out / "ray" / name
-        if resume and path.exists():
-            tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
-        else:
-            tuner = tune.Tuner(
-                trainable, param_space=param_space,
-                tune_config=tune.TuneConfig(metric="eval_return", mode="max", scheduler=scheduler,
-                                            reuse_actors=False, trial_dirname_creator=trial_dirname),
-                run_config=run_config(out / "ray", name, {"training_iteration": iterations}, verbose,
-                                      keep=max(4, population)))
-        grid = tuner.fit()
+        tune_config = tune.TuneConfig(metric="eval_return", mode="max", scheduler=scheduler, reuse_actors=False,
+                                      trial_dirname_creator=trial_dirname)
+        grid = fit_trials(out, name, resume, cpus_per_trial, param_space, tune_config, iterations, verbose,
+                          keep=max(4, population))
         rows = trial_rows(grid, list(space))
     final = {}
     for r in rows:  # each trial's last row

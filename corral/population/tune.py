@@ -74,6 +74,25 @@ def run_config(storage: Path, name: str, stop: dict, verbose: int, keep: int = 2
                                                                   checkpoint_at_end=True))
 
 
+def fit_trials(out: Path, name: str, resume: bool, cpus_per_trial: float, param_space: dict, tune_config,
+               iterations: int, verbose: int, keep: int = 2):
+    """Run (or, with ``resume`` and a saved experiment, continue) the trials of ``CorralTrainable``
+    under ``out/ray/name``; returns Tune's result grid. Call inside :func:`ray_session`."""
+    from ray import tune as rtune
+
+    from corral.population.trainable import CorralTrainable
+
+    trainable = rtune.with_resources(CorralTrainable, {"cpu": cpus_per_trial})
+    path = out / "ray" / name
+    if resume and path.exists():
+        tuner = rtune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = rtune.Tuner(trainable, param_space=param_space, tune_config=tune_config,
+                            run_config=run_config(out / "ray", name, {"training_iteration": iterations}, verbose,
+                                                  keep=keep))
+    return tuner.fit()
+
+
 def trial_rows(grid, keys: list[str]) -> list[dict]:
     """Every trial's reported iterations: trial, iteration, env steps, eval return, hyper-parameters."""
     rows = []
@@ -136,19 +155,9 @@ def tune(algo: str, env: Any = "CartPole-v1", space: dict | list | None = None, 
     name = name or f"tune-{algo}-{_safe(env)}"
     path = out / "ray" / name
     with ray_session(num_cpus):
-        from corral.population.trainable import CorralTrainable
-
-        trainable = rtune.with_resources(CorralTrainable, {"cpu": cpus_per_trial})
-        if resume and path.exists():
-            tuner = rtune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
-        else:
-            tuner = rtune.Tuner(
-                trainable, param_space=param_space,
-                tune_config=rtune.TuneConfig(metric="eval_return", mode="max", search_alg=searcher,
-                                             scheduler=sched, num_samples=trials,
-                                             trial_dirname_creator=trial_dirname),
-                run_config=run_config(out / "ray", name, {"training_iteration": iterations}, verbose))
-        grid = tuner.fit()
+        tune_config = rtune.TuneConfig(metric="eval_return", mode="max", search_alg=searcher, scheduler=sched,
+                                       num_samples=trials, trial_dirname_creator=trial_dirname)
+        grid = fit_trials(out, name, resume, cpus_per_trial, param_space, tune_config, iterations, verbose)
     rows = trial_rows(grid, list(space))
     if not rows:
         errors = [str(r.error).splitlines()[-1] for r in grid if r.error is not None][:3]
