@@ -144,3 +144,21 @@ class FlatRMSprop(FlatAdam):
         self.exp_avg_sq.copy_(state["square_avg"])
         self.steps = int(state["steps"])
         self.lr, self.alpha, self.eps = float(state["lr"]), float(state["alpha"]), float(state["eps"])
+
+
+def hyperparameters(opt) -> list | dict:
+    """An optimizer's hyper-parameters as built (torch param groups without their parameters,
+    or a flat optimizer's scalars): what loading a saved optimizer state would overwrite."""
+    if isinstance(opt, torch.optim.Optimizer):
+        return [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    return {k: v for k, v in opt.state_dict().items() if not torch.is_tensor(v) and k != "steps"}
+
+
+def set_hyperparameters(opt, hp: list | dict) -> None:
+    """Put back what :func:`hyperparameters` returned."""
+    if isinstance(opt, torch.optim.Optimizer):
+        for group, saved in zip(opt.param_groups, hp):
+            group.update(saved)
+    else:
+        for k, v in hp.items():
+            setattr(opt, k, tuple(v) if isinstance(v, list) else v)

@@ -39,6 +39,29 @@ def test_trained_2n_equals_trained_n_then_resumed_to_2n_bit_for_bit(tmp_path):
     assert torch.equal(opt_a["exp_avg_sq"], opt_b["exp_avg_sq"])
 
 
+def test_resume_with_a_new_lr_uses_it_and_keeps_the_optimizer_moments(tmp_path):
+    """Loading an optimizer's state brings the moments back, not the saved lr: `--set` wins."""
+    sets = ["dqn.learning_starts=64", "dqn.batch_size=16", "dqn.buffer_size=1000", "dqn.lr=0.001",
+            "eval.episodes=0", "progress=false", "tensorboard=false"]
+    run = tmp_path / "r"
+    assert main(["train", "dqn", "CartPole-v1", "--steps", "300", "--seed", "3", "--run-dir", str(run), "--json",
+                 *sum((["--set", s] for s in sets), [])]) == 0
+    saved = load_checkpoint(run / "checkpoints" / "latest.pt")
+    cfg = config_from_dict(saved["config"])
+    cfg.algo_cfg.lr = 2.5e-4
+    learner = Learner(cfg, tmp_path / "fresh")
+    learner.load_state_dict(saved)
+    opt = learner.algo.optimizer
+    assert opt.lr == 2.5e-4  # the saved 1e-3 would come back without the fix
+    assert opt.steps == saved["algo"]["optimizer"]["steps"] > 0
+    assert torch.equal(opt.exp_avg, saved["algo"]["optimizer"]["exp_avg"])
+    learner.env.close()
+    # and through the CLI: the resumed run logs the new lr
+    assert main(["resume", str(run), "--steps", "400", "--json", "--set", "dqn.lr=0.00025"]) == 0
+    after = load_checkpoint(run / "checkpoints" / "latest.pt")
+    assert after["algo"]["optimizer"]["lr"] == 2.5e-4
+
+
 def test_checkpoint_loads_weights_only_and_acts_like_the_trained_agent(tmp_path):
     agent = corral.train("ppo", "CartPole-v1", steps=512, seed=1, run_dir=str(tmp_path / "r"),
                          **{"eval.episodes": 0, "tensorboard": False})

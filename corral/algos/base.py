@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 import gymnasium as gym
 import torch
 
+from corral import optim
 from corral.rng import RNGStreams
 
 Role = Literal["learner", "grad_worker", "actor"]
@@ -347,5 +348,9 @@ class Algorithm:
         for name in self.optimizers if self.learns else ():
             opt = getattr(self, name)
             if opt is not None:
+                # the moments and step counts come from the checkpoint; lr, betas and eps stay as this
+                # config built them, so `corral resume --set sac.lr=...` (and PBT's explore) take effect
+                fresh = optim.hyperparameters(opt)
                 opt.load_state_dict(state[name])
+                optim.set_hyperparameters(opt, fresh)
         self.load_extra_state(state)

@@ -6,7 +6,8 @@ corral's exact checkpoints) and :func:`explore`, called by the scheduler as its
 ``custom_explore_fn``. Exploit is Tune's truncation selection: a member in the bottom
 ``quantile`` takes the checkpoint *and* the hyper-parameters of one in the top ``quantile``;
 explore then perturbs or resamples the named hyper-parameters, and the trainable restores the
-winner's state under the new values (``trainable.restore_fresh_hparams``).
+winner's state under the new values (loading a state keeps the optimizer
+hyper-parameters the trial's own config built).
 
 :func:`toy` is the paper's toy problem (section 4, figure 2) driven in-process with the
 same :func:`exploit` / :func:`explore`."""

@@ -6,9 +6,8 @@ evaluation (the run's ``eval.*`` protocol), reported as ``eval_return``. Tune's 
 corral's: the whole training state (weights, optimizer, normalizer, RNG streams, counters, env
 state, and the replay buffer of an off-policy run). Restoring another trial's checkpoint (PBT's
 exploit) loads that state under *this* trial's config (its explored hyper-parameters):
-the algorithm is built from this config, and optimizer hyper-parameters that a loaded
-optimizer state would bring back (lr, eps, betas) are set from this config again
-(:func:`restore_fresh_hparams`)."""
+the algorithm is built from this config, and loading an optimizer's state keeps the
+hyper-parameters (lr, eps, betas) this config built it with (``Algorithm.load_state_dict``)."""
 
 from __future__ import annotations
 
@@ -16,35 +15,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from ray import tune
 
 from corral import config as C
 
 CKPT = "corral.pt"
-
-
-def optimizer_hparams(algo) -> list:
-    """The hyper-parameters of every optimizer as built (torch param groups without their
-    parameters, or a flat optimizer's scalars)."""
-    out = []
-    for opt in algo.declared_optimizers():
-        if isinstance(opt, torch.optim.Optimizer):
-            out.append([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups])
-        else:
-            out.append({k: v for k, v in opt.state_dict().items() if not torch.is_tensor(v) and k != "steps"})
-    return out
-
-
-def restore_fresh_hparams(algo, fresh: list) -> None:
-    """Put back :func:`optimizer_hparams` taken before a checkpoint was loaded."""
-    for opt, hp in zip(algo.declared_optimizers(), fresh):
-        if isinstance(opt, torch.optim.Optimizer):
-            for group, saved in zip(opt.param_groups, hp):
-                group.update(saved)
-        else:
-            for k, v in hp.items():
-                setattr(opt, k, tuple(v) if isinstance(v, list) else v)
 
 
 class CorralTrainable(tune.Trainable):
@@ -71,7 +46,6 @@ class CorralTrainable(tune.Trainable):
         (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(C.dump_yaml(cfg))
         learner = Learner(cfg, self.run_dir, quiet=True)
-        self.fresh = optimizer_hparams(learner.algo)
         return learner
 
     def step(self) -> dict:
@@ -109,7 +83,6 @@ class CorralTrainable(tune.Trainable):
             self.learner = self._build()
             self.started = False
         self.learner.load_state_dict(state)
-        restore_fresh_hparams(self.learner.algo, self.fresh)
         source = state.get("population", {})
         if source.get("trial") not in (None, self.trial_id):
             with open(self.run_dir / "population.jsonl", "a") as f:
