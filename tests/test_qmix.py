@@ -42,15 +42,17 @@ def q_tot_table(algo, state: int) -> torch.Tensor:
         return algo.mixer(joint, x[:, L.state_start:L.mask_start].expand(4, -1)).view(2, 2)
 
 
-@pytest.mark.parametrize("algo,ret,table_2b", [
-    ("qmix", 8.0, [[0.0, 1.0], [1.0, 8.0]]),  # QMIX represents the payoff exactly
-    ("vdn", 7.0, [[-1.5, 2.5], [2.5, 6.5]]),  # VDN: the additive least-squares fit under uniform data
+@pytest.mark.parametrize("algo,ret,table_2b,shared", [
+    ("qmix", 8.0, [[0.0, 1.0], [1.0, 8.0]], True),  # QMIX represents the payoff exactly
+    ("vdn", 7.0, [[-1.5, 2.5], [2.5, 6.5]], True),  # VDN: the additive least-squares fit under uniform data
+    ("qmix", 8.0, [[0.0, 1.0], [1.0, 8.0]], False),  # the same with one Q-network per agent
 ])
-def test_two_step_game_under_full_exploration_gives_the_papers_answers(algo, ret, table_2b):
+def test_two_step_game_under_full_exploration_gives_the_papers_answers(algo, ret, table_2b, shared):
     """Rashid et al. 2018, Table 1: trained under full exploration (epsilon 1), QMIX's greedy
     policy takes the optimum 8 (go to 2B, both play 1) and VDN's takes 7 (2A): its sum of
     per-agent values can only fit 2B's payoff additively, and that fit's best is 6.5."""
-    learner = Learner(game_config(algo, 6000, 1.0, more=[f"{algo}.exploration_initial_eps=1.0"]), None)
+    learner = Learner(game_config(algo, 6000, 1.0, more=[f"{algo}.exploration_initial_eps=1.0",
+                                                          f"{algo}.share_params={str(shared).lower()}"]), None)
     summary = learner.train()
     assert summary["eval_return"] == ret
     algo_ = learner.algo
@@ -131,6 +133,20 @@ def test_the_loss_moves_the_agents_and_the_mixer_not_the_targets():
     moved = {n: any(not torch.equal(a, b) for a, b in zip(before[n], getattr(algo, n).parameters()))
              for n in algo.networks}
     assert moved == {"actor": True, "mixer": True, "target": False, "target_mixer": False}
+
+
+def test_per_agent_q_networks_agent_is_q_moves_only_agent_is_weights():
+    lr = leaving_learner(steps=80, sets=["qmix.share_params=false"])
+    lr.train()
+    algo = lr.algo
+    assert algo.actor.net.net.weights[0].shape[:2] == (3, 16)  # [agents, hidden, obs] (no agent id input)
+    batch = algo.replay.sample(32)
+    q = algo.actor.q(batch.obs)
+    for i in range(3):
+        algo.actor.zero_grad()
+        q[:, i].masked_fill(q[:, i].isinf(), 0.0).sum().backward(retain_graph=True)
+        for p in [*algo.actor.net.net.weights, *algo.actor.net.net.biases]:
+            assert (p.grad.flatten(1).abs().sum(1) > 0).tolist() == [a == i for a in range(3)]
 
 
 def test_trained_2n_equals_n_then_resumed_bit_for_bit(tmp_path):

@@ -2,7 +2,8 @@
 al. 2018), on the replay family's loop (``corral.algos.offpolicy``).
 
 Each agent has a Q-network over its own observation (one network shared by all agents, a
-one-hot agent id in its input); the team's value is a mix of the agents' chosen Q-values:
+one-hot agent id in its input; or, ``share_params=false``, one per agent, evaluated as one
+batched network over agents); the team's value is a mix of the agents' chosen Q-values:
 
 * ``vdn``: ``Q_tot = sum_a Q_a``;
 * ``qmix``: ``Q_tot = w2(s)^T elu(W1(s)^T q + b1(s)) + V(s)``, the weights ``W1``, ``w2``
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from corral.actors.multiagent import AgentMLP
 from corral.algos.base import Action
 from corral.algos.mappo import act_dict
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
@@ -44,7 +46,10 @@ class QMIXConfig(OffPolicyConfig):
     mixing_embed_dim: int = option(32, "QMIX: width of the mixing network", ge=1)
     hypernet_hidden: int = option(64, "QMIX: hidden width of the hypernetworks (0: one linear layer each)", ge=0)
     double: bool = option(True, "double Q: the online agents pick the next actions, the target scores them")
-    agent_id: bool = option(True, "a one-hot agent id in the shared agent network's input")
+    agent_id: bool = option(True, "a one-hot agent id in the shared agent network's input (with share_params "
+                                   "only: per-agent weights need none)")
+    share_params: bool = option(True, "one Q-network for all agents; false: each agent its own weights, evaluated "
+                                      "as one batched network over agents")
     loss: Literal["mse", "huber"] = option("mse", "TD loss on Q_tot")
     exploration_fraction: float = option(0.1, "fraction of the run over which epsilon decays", ge=0, le=1)
     exploration_initial_eps: float = option(1.0, "epsilon at the start", ge=0, le=1)
@@ -61,18 +66,26 @@ class QMIXConfig(OffPolicyConfig):
 
 
 class AgentQ(nn.Module):
-    """One Q-network for every agent: ``q(packed) -> [B, A, K]`` (invalid actions -inf)."""
+    """The agents' Q-networks: ``q(packed) -> [B, A, K]`` (invalid actions -inf). One network
+    for every agent (``share_params``, an agent id in its input), or one per agent held as
+    one batched network over agents (``AgentMLP``)."""
 
-    def __init__(self, layout: AgentLayout, hidden, activation: str, agent_id: bool):
+    def __init__(self, layout: AgentLayout, hidden, activation: str, agent_id: bool, share_params: bool = True):
         super().__init__()
-        self.layout, self.agent_id = layout, agent_id
         A = layout.n_agents
+        self.layout, self.agent_id, self.share_params = layout, agent_id and share_params, share_params
         self.register_buffer("eye", torch.eye(A), persistent=False)
-        self.net = MLP(layout.obs_dim + (A if agent_id else 0), tuple(hidden), activation, out_dim=layout.n_actions)
+        if share_params:
+            self.net = MLP(layout.obs_dim + (A if self.agent_id else 0), tuple(hidden), activation,
+                           out_dim=layout.n_actions)
+        else:
+            self.net = AgentMLP(A, layout.obs_dim, tuple(hidden), activation, layout.n_actions)
 
     def q(self, packed: torch.Tensor) -> torch.Tensor:
         view = self.layout.split(packed)
         x = view.obs
+        if not self.share_params:
+            return self.net.stacked(x).masked_fill(~view.action_mask, float("-inf"))
         if self.agent_id:
             B, A = x.shape[:2]
             x = torch.cat([x, self.eye.expand(B, A, A)], -1)
@@ -137,7 +150,7 @@ class QMIX(OffPolicy):
             raise UserError(f"{type(self).name}.normalize_obs is not built for multi-agent networks; leave it false")
         self.layout = layout
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
-        self.actor = self._build(lambda: AgentQ(layout, cfg.hidden, cfg.activation, cfg.agent_id).to(device))
+        self.actor = self._build(lambda: AgentQ(layout, cfg.hidden, cfg.activation, cfg.agent_id, cfg.share_params).to(device))
         self.mixer = self._build(lambda: (VDNMixer() if cfg.mixer == "vdn" else QMixer(
             layout.n_agents, layout.state_dim, cfg.mixing_embed_dim, cfg.hypernet_hidden)).to(device))
         self.target = copy.deepcopy(self.actor).requires_grad_(False)
