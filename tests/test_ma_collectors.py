@@ -35,7 +35,8 @@ def run_in_process(L):
 
 def test_fragments_carry_agent_results_and_every_agent_column_bootstraps_at_the_boundary_in_process():
     L = learner(**{"scheme.collectors": 2})
-    assert L.algo.cfg.n_steps == 16  # two collectors' fragments of 8 steps make one rollout
+    FragmentScheme(L).setup_learner()
+    assert L.algo.cfg.n_steps == 16 and L.algo.num_envs == 2 * 3  # two fragments of 8 steps, 2 envs x 3 agents
     c = Collector(L.cfg, LEAVING, 0, 2, paths=driver_paths())
     _, data = c.collect(None, 0)
     T, N, A = 8, 2, 3

@@ -72,7 +72,7 @@ class MAPPO(PPO):
             if getattr(cfg, key):
                 raise UserError(f"{type(self).name}.{key} is not built for multi-agent actors; leave it unset")
         self.layout = layout
-        self.n_envs = num_envs
+        self.env_columns = num_envs  # what it was built with (num_envs below counts agent columns)
         # N envs of A agents: N * A rollout columns (env-major)
         super().__init__(cfg, obs_space, act_space, num_envs * layout.n_agents, device, rng, role)
         self.present = torch.zeros(cfg.n_steps, self.num_envs, dtype=torch.bool, device=device) if self.stores \
