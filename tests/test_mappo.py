@@ -298,3 +298,14 @@ def test_per_agent_parameters_box_actions_have_a_log_std_per_agent():
     assert (dev[:, 1] < 1e-6).all() and (dev[:, 0] > 1e-3).any()
     lr.train()
     assert lr.algo.updates == 1
+
+
+def test_mpe_run_resumed_mid_episode_equals_one_that_never_stopped(tmp_path):
+    """MPE envs carry their state into checkpoints (``corral.envs.mpe``): the checkpoint at 50
+    vector steps is 10 steps into the second 40-step episode, and the resumed run continues it."""
+    pytest.importorskip("mpe2")
+    sets = [*QUIET, "env.num_envs=2", "mappo.n_steps=25", "mappo.hidden=[16, 16]", "env.kwargs={max_cycles: 40}"]
+    a, b = trained_and_resumed("mappo", "mpe:simple_spread_v3", sets, n=100, seed=5, run_dir=tmp_path / "b")
+    for (k, pa), pb in zip(a.algo.actor.state_dict().items(), b.algo.actor.state_dict().values()):
+        assert torch.equal(pa, pb), k
+    assert a.algo.updates == 4 and a.env.copyable
