@@ -83,6 +83,7 @@ def test_a_distributed_mappo_run_resumed_from_its_checkpoint_equals_one_that_nev
     assert rest.episodes == full.episodes and list(rest.recent_returns) == list(full.recent_returns)
 
 
+@pytest.mark.slow
 def test_ippo_with_two_collectors_learns_the_leaving_game_in_process():
     """The leaving game (tests/ma_envs.py; random team ~2.8 of 6), two in-process collectors of
     2 envs each: a held-out deterministic evaluation (20 episodes, other seeds) reaches 5.5."""
