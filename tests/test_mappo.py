@@ -239,7 +239,8 @@ def test_agent_mlp_sends_each_row_through_its_own_agents_weights_in_any_order():
     agent = torch.tensor([2, 0, 0, 1, 2, 2, 1, 0, 2, 2, 1])
     w1, w2 = net.net.weights
     b1, b2 = net.net.biases
-    ref = torch.stack([torch.tanh(x[r] @ w1[a].T + b1[a, 0]) @ w2[a].T + b2[a, 0] for r, a in enumerate(agent.tolist())])
+    ref = torch.stack([torch.tanh(x[r] @ w1[a].T + b1[a, 0]) @ w2[a].T + b2[a, 0]
+                       for r, a in enumerate(agent.tolist())])
     assert torch.allclose(net(x, agent), ref, atol=1e-6)
     stacked = x[:9].reshape(3, 3, 4)  # 3 envs x 3 agents, env-major: the acting path
     assert torch.allclose(net.stacked(stacked).reshape(9, 2), net(x[:9], torch.arange(3).repeat(3)), atol=1e-6)

@@ -175,9 +175,9 @@ def test_cli_trains_qmix_on_mpe(tmp_path, capsys):
 # --- recurrent agents on sequence replay (qmix.recurrent=true)
 
 def recurrent_config(algo, steps, seed=0, more=()):
-    return game_config(algo, steps, 1.0, seed=seed, more=[f"{algo}.exploration_initial_eps=1.0", f"{algo}.recurrent=true",
-                                                          f"{algo}.seq_len=4", f"{algo}.batch_size=16",
-                                                          f"{algo}.core_size=32", *more])
+    return game_config(algo, steps, 1.0, seed=seed, more=[
+        f"{algo}.exploration_initial_eps=1.0", f"{algo}.recurrent=true", f"{algo}.seq_len=4", f"{algo}.batch_size=16",
+        f"{algo}.core_size=32", *more])
 
 
 def test_recurrent_agents_carry_their_state_along_a_sequence_and_reset_it_at_episode_starts():

@@ -180,7 +180,8 @@ class MultiAgentActorCritic(nn.Module):
         else:
             logits = self.pi(x[:, :p], self.row_agent(x))
         if self.discrete:
-            logits = logits.masked_fill(x[:, v:v + self.mask_dim] < 0.5, -1e8)  # invalid and padded actions: probability 0
+            # invalid and padded actions: probability 0
+            logits = logits.masked_fill(x[:, v:v + self.mask_dim] < 0.5, -1e8)
         return logits
 
     def row_agent(self, x: torch.Tensor) -> torch.Tensor:

@@ -394,8 +394,11 @@ class RecurrentQMIX(RecurrentColumns, QMIX):
         obs, starts = batch.obs.transpose(0, 1), batch.start.T  # [S, B, ...]
         S, B = starts.shape
         view = self.layout.split(obs.reshape(S * B, -1))
-        step_view = lambda sl: type(view)(*(None if v is None else v.reshape(S, B, *v.shape[1:])[sl].flatten(0, 1)  # noqa: E731
-                                            for v in view))
+
+        def step_view(sl):  # the view of steps ``sl`` of every sequence, flat [len * B, ...]
+            return type(view)(*(None if v is None else v.reshape(S, B, *v.shape[1:])[sl].flatten(0, 1)
+                                for v in view))
+
         actions = self.decode(batch.action.T)  # [S, B, A]
         state0 = batch.state
         with torch.no_grad():
