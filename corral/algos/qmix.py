@@ -176,7 +176,7 @@ class QMIX(OffPolicy):
         cfg = self.cfg
         return AgentQ(self.layout, cfg.hidden, cfg.activation, cfg.agent_id, cfg.share_params)
 
-    def __new__(cls, cfg, *args, **kwargs):
+    def __new__(cls, cfg=None, *args, **kwargs):  # (cfg optional: copy and pickle call __new__(cls))
         # ``qmix.recurrent`` (and vdn's): the same algorithm name, GRU agents on sequence replay
         if getattr(cfg, "recurrent", False) and not issubclass(cls, RecurrentQMIX):
             cls = RecurrentQMIX
