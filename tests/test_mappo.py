@@ -164,8 +164,10 @@ def test_single_and_multi_agent_mismatches_are_user_errors():
         Learner(build_config("ppo", "mpe:simple_spread_v3", sets=QUIET), None)
     with pytest.raises(UserError, match="not a PettingZoo env"):
         Learner(build_config("mappo", "CartPole-v1", sets=QUIET), None)
-    with pytest.raises(UserError, match="Ray collectors"):
-        learner(sets=["scheme.collectors=2"])
+    with pytest.raises(UserError, match="gradient workers"):
+        learner(sets=["scheme.grad_workers=2"])
+    with pytest.raises(UserError, match="Ray collectors are built for the on-policy"):
+        Learner(build_config("qmix", LEAVING, sets=[*QUIET, "scheme.collectors=2"]), None)
     assert main(["train", "ippo", "CartPole-v1", "--steps", "10"]) == 2
 
 
@@ -188,13 +190,14 @@ def test_agent_acts_on_a_dict_of_agent_observations():
         agent.act({"agent_0": np.zeros(5, np.float32)})
 
 
-@pytest.mark.parametrize("algo", ["mappo", "ippo"])
-def test_learns_the_leaving_game(algo):
+@pytest.mark.parametrize("algo,shared", [("mappo", True), ("ippo", True), ("ippo", False)])
+def test_learns_the_leaving_game(algo, shared):
     """Each agent is paid for matching the parity it observes; a random policy's team return
-    is about 2.8 of 6 (uniform over the valid actions). A held-out deterministic evaluation (other seeds) reaches 5.5."""
+    is about 2.8 of 6 (uniform over the valid actions). A held-out deterministic evaluation (other seeds)
+    reaches 5.5, with one network for all agents or one per agent."""
     cfg = build_config(algo, LEAVING, steps=6000, seed=1, sets=[
         "progress=false", "tensorboard=false", "env.num_envs=4", f"{algo}.n_steps=24", f"{algo}.hidden=[32, 32]",
-        f"{algo}.lr=0.003", "eval.episodes=20"])
+        f"{algo}.lr=0.003", "eval.episodes=20", f"{algo}.share_params={str(shared).lower()}"])
     summary = Learner(cfg, None).train()
     assert summary["eval_return"] >= 5.5, summary["eval"]
 
@@ -223,3 +226,87 @@ def test_beats_a_random_team_on_simple_spread(algo):
                                                                                 "tensorboard=false"])
     summary = Learner(cfg, None).train()
     assert summary["eval_return"] >= -24.0, summary["eval"]
+
+
+# --- per-agent parameters (share_params=false): one batched network over agents
+
+def test_agent_mlp_sends_each_row_through_its_own_agents_weights_in_any_order():
+    from corral.actors.multiagent import AgentMLP
+
+    torch.manual_seed(0)
+    net = AgentMLP(3, 4, (8,), "tanh", 2)
+    x = torch.randn(11, 4)
+    agent = torch.tensor([2, 0, 0, 1, 2, 2, 1, 0, 2, 2, 1])
+    w1, w2 = net.net.weights
+    b1, b2 = net.net.biases
+    ref = torch.stack([torch.tanh(x[r] @ w1[a].T + b1[a, 0]) @ w2[a].T + b2[a, 0]
+                       for r, a in enumerate(agent.tolist())])
+    assert torch.allclose(net(x, agent), ref, atol=1e-6)
+    stacked = x[:9].reshape(3, 3, 4)  # 3 envs x 3 agents, env-major: the acting path
+    assert torch.allclose(net.stacked(stacked).reshape(9, 2), net(x[:9], torch.arange(3).repeat(3)), atol=1e-6)
+
+
+@pytest.mark.parametrize("algo", ["mappo", "ippo"])
+def test_per_agent_parameters_agent_is_loss_moves_only_agent_is_weights(algo):
+    lr = learner(algo, sets=[f"{algo}.share_params=false"])
+    collect(lr, 6)
+    algo_, actor = lr.algo, lr.algo.actor
+    assert not actor.agent_id and actor.pi_dim == algo_.layout.obs_dim  # no agent id in the inputs
+    batch = algo_.prepare_batch()
+    agent = batch.obs[:, -1].long()  # rows end with their agent's index
+    assert sorted(agent.unique().tolist()) == [0, 1, 2]
+    for i in range(3):
+        rows = agent == i
+        actor.zero_grad()
+        log_prob, entropy, value = actor.evaluate_actions(batch.obs[rows], batch.actions[rows])
+        loss = -(batch.adv[rows] * log_prob).mean() - 0.01 * entropy.mean() + (value - batch.ret[rows]).square().mean()
+        loss.backward()
+        for net in (actor.pi.net, actor.v.net):
+            for p in [*net.weights, *net.biases]:
+                touched = p.grad.flatten(1).abs().sum(1) > 0
+                assert touched.tolist() == [a == i for a in range(3)], (algo, i)
+    # an update moves every agent's slice, each its own way (a fresh learner: zero_grad above
+    # detached the flat optimizer's gradient views)
+    lr = learner(algo, sets=[f"{algo}.share_params=false"])
+    collect(lr, 6)
+    before = [p.detach().clone() for p in lr.algo.actor.pi.net.weights]
+    lr.algo.update(0.5)
+    for b, p in zip(before, lr.algo.actor.pi.net.weights):
+        moved = (p - b).flatten(1).norm(dim=1)
+        assert (moved > 0).all() and not torch.allclose(moved[0], moved[1])
+
+
+def test_per_agent_parameters_resume_bit_for_bit(tmp_path):
+    sets = [*QUIET, "env.num_envs=2", "ippo.n_steps=6", "ippo.hidden=[16, 16]", "ippo.share_params=false"]
+    a, b = trained_and_resumed("ippo", LEAVING, sets, n=36, seed=4, run_dir=tmp_path / "b")
+    for (k, pa), pb in zip(a.algo.actor.state_dict().items(), b.algo.actor.state_dict().values()):
+        assert torch.equal(pa, pb), k
+    assert a.algo.updates == 6 and a.algo.actor.pi.net.weights[0].shape[0] == 3
+
+
+def test_per_agent_parameters_box_actions_have_a_log_std_per_agent():
+    pytest.importorskip("mpe2")
+    lr = learner(env="mpe:simple_spread_v3", steps=50, sets=["env.kwargs={continuous_actions: true}",
+                                                               "mappo.n_steps=25", "mappo.share_params=false"])
+    actor = lr.algo.actor
+    assert actor.head.log_std.shape == (3, 5)
+    with torch.no_grad():
+        actor.head.log_std[1] = -20.0  # agent 1 acts at its mean, the others wide
+    env_action, extras = lr.algo.explore(lr.obs)
+    x = extras.x
+    mean = actor._policy(x)
+    dev = (extras.action - mean).abs().reshape(2, 3, 5)
+    assert (dev[:, 1] < 1e-6).all() and (dev[:, 0] > 1e-3).any()
+    lr.train()
+    assert lr.algo.updates == 1
+
+
+def test_mpe_run_resumed_mid_episode_equals_one_that_never_stopped(tmp_path):
+    """MPE envs carry their state into checkpoints (``corral.envs.mpe``): the checkpoint at 50
+    vector steps is 10 steps into the second 40-step episode, and the resumed run continues it."""
+    pytest.importorskip("mpe2")
+    sets = [*QUIET, "env.num_envs=2", "mappo.n_steps=25", "mappo.hidden=[16, 16]", "env.kwargs={max_cycles: 40}"]
+    a, b = trained_and_resumed("mappo", "mpe:simple_spread_v3", sets, n=100, seed=5, run_dir=tmp_path / "b")
+    for (k, pa), pb in zip(a.algo.actor.state_dict().items(), b.algo.actor.state_dict().values()):
+        assert torch.equal(pa, pb), k
+    assert a.algo.updates == 4 and a.env.copyable

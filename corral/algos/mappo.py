@@ -40,7 +40,10 @@ from corral.returns import gae, rollout_next_values
 class MAPPOConfig(PPOConfig):
     centralized_value: bool = option(True, "the value sees the global state (MAPPO); false: the agent's own "
                                            "observation (IPPO)")
-    agent_id: bool = option(True, "a one-hot agent id in the shared policy's and value's inputs")
+    agent_id: bool = option(True, "a one-hot agent id in the shared policy's and value's inputs (with "
+                                   "share_params only: per-agent weights need none)")
+    share_params: bool = option(True, "one policy and one value network for all agents; false: each agent its "
+                                      "own policy and value weights, evaluated as one batched network over agents")
     value_norm: bool = option(True, "ValueNorm (MAPPO): running debiased mean/std of value targets; the value "
                                     "head predicts normalized values")
     value_norm_beta: float = option(0.99999, "ValueNorm's averaging weight", gt=0, lt=1)
@@ -58,6 +61,7 @@ class MAPPO(PPO):
     name = "mappo"
     Config = MAPPOConfig
     multi_agent = True
+    multi_agent_collectors = True  # collectors' fragments carry Step.agents; observe marks their boundaries
 
     def __init__(self, cfg: MAPPOConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         layout = agent_layout(obs_space)
@@ -68,7 +72,7 @@ class MAPPO(PPO):
             if getattr(cfg, key):
                 raise UserError(f"{type(self).name}.{key} is not built for multi-agent actors; leave it unset")
         self.layout = layout
-        self.n_envs = num_envs
+        self.env_columns = num_envs  # what it was built with (num_envs below counts agent columns)
         # N envs of A agents: N * A rollout columns (env-major)
         super().__init__(cfg, obs_space, act_space, num_envs * layout.n_agents, device, rng, role)
         self.present = torch.zeros(cfg.n_steps, self.num_envs, dtype=torch.bool, device=device) if self.stores \
@@ -77,7 +81,8 @@ class MAPPO(PPO):
     def make_actor(self):
         cfg = self.cfg
         return MultiAgentActorCritic(self.layout, cfg.centralized_value, cfg.agent_id, tuple(cfg.hidden),
-                                     cfg.activation, cfg.log_std_init, cfg.value_norm, cfg.value_norm_beta)
+                                     cfg.activation, cfg.log_std_init, cfg.value_norm, cfg.value_norm_beta,
+                                     cfg.share_params)
 
     # --- acting and storing
     def explore(self, obs):
@@ -95,7 +100,9 @@ class MAPPO(PPO):
         terminated = ag.terminated.reshape(-1) | ~present  # an absent step ends whatever return flows into it
         truncated = ag.truncated.reshape(-1) & present
         if self.cfg.normalize_reward:
-            reward = self._scale_reward(reward, terminated | truncated)
+            reward = self._scale_reward(reward, terminated | truncated)  # the env's episodes
+        if step.env_truncated is not None:  # a collector's fragment ends here: every column bootstraps
+            truncated = truncated | (step.truncated.repeat_interleave(self.layout.n_agents) & present)
         self.present[self.storage.step] = present
         self.storage.add(obs=ex.x, actions=ex.action, log_probs=ex.log_prob, values=ex.value, rewards=reward,
                          terminated=terminated, truncated=truncated, final_obs=self.actor.columns(step.final_obs)[0])
@@ -104,7 +111,7 @@ class MAPPO(PPO):
     # --- values: the head predicts normalized values; GAE reads them denormalized
     def bootstrap_value(self, obs):
         with torch.no_grad():
-            return self.actor.value_norm.denormalize(self.actor.value(self.actor.columns(obs)[0]))
+            return self.actor.value_norm.denormalize(self.actor.value(self.actor.columns(obs)[0], stacked=obs.shape[0]))
 
     def final_values(self, truncated, final_obs):
         out = super().final_values(truncated, final_obs)

@@ -2,7 +2,8 @@
 al. 2018), on the replay family's loop (``corral.algos.offpolicy``).
 
 Each agent has a Q-network over its own observation (one network shared by all agents, a
-one-hot agent id in its input); the team's value is a mix of the agents' chosen Q-values:
+one-hot agent id in its input; or, ``share_params=false``, one per agent, evaluated as one
+batched network over agents); the team's value is a mix of the agents' chosen Q-values:
 
 * ``vdn``: ``Q_tot = sum_a Q_a``;
 * ``qmix``: ``Q_tot = w2(s)^T elu(W1(s)^T q + b1(s)) + V(s)``, the weights ``W1``, ``w2``
@@ -16,7 +17,9 @@ The TD target is ``r + gamma^n * Q_tot_target(s', argmax_a Q_a(o'_a))``: double 
 agents pick, the target agents and target mixer score) or the target's own max. Absent
 agents' Q-values enter the mixer as 0 (they contribute nothing), and only valid actions
 (the action mask, padding included) are picked, by acting and by the target alike.
-Transitions are sampled one at a time (transition replay), with feed-forward agents.
+Transitions are sampled one at a time (transition replay), with feed-forward agents; or,
+``recurrent=true`` (``RecurrentQMIX``), the paper's GRU agents trained on R2D2's sequence
+replay (sequences stored with the agents' GRU state, reset at episode starts).
 """
 
 from __future__ import annotations
@@ -29,13 +32,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from corral.actors.multiagent import AgentMLP
 from corral.algos.base import Action
 from corral.algos.mappo import act_dict
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.envs.multiagent import AgentLayout, agent_layout
 from corral.errors import UserError
-from corral.nets import MLP
+from corral.algos.r2d2 import RecurrentAction, nstep_sequence_targets
+from corral.algos.recurrent import RecurrentColumns
+from corral.algos.base import Step
+from corral.nets import MLP, RecurrentCore, layer_init
+from corral.storage.replay import ReplayCapacityError
+from corral.storage.sequence import SequenceReplay, SequenceWindow
 
 
 @dataclass
@@ -44,7 +53,10 @@ class QMIXConfig(OffPolicyConfig):
     mixing_embed_dim: int = option(32, "QMIX: width of the mixing network", ge=1)
     hypernet_hidden: int = option(64, "QMIX: hidden width of the hypernetworks (0: one linear layer each)", ge=0)
     double: bool = option(True, "double Q: the online agents pick the next actions, the target scores them")
-    agent_id: bool = option(True, "a one-hot agent id in the shared agent network's input")
+    agent_id: bool = option(True, "a one-hot agent id in the shared agent network's input (with share_params "
+                                   "only: per-agent weights need none)")
+    share_params: bool = option(True, "one Q-network for all agents; false: each agent its own weights, evaluated "
+                                      "as one batched network over agents")
     loss: Literal["mse", "huber"] = option("mse", "TD loss on Q_tot")
     exploration_fraction: float = option(0.1, "fraction of the run over which epsilon decays", ge=0, le=1)
     exploration_initial_eps: float = option(1.0, "epsilon at the start", ge=0, le=1)
@@ -58,21 +70,37 @@ class QMIXConfig(OffPolicyConfig):
     target_update_interval: int = option(2000, "update the target networks every this many env steps", ge=1)
     hidden: tuple[int, ...] = option((64,), "hidden layer sizes of the agent Q-network", ge=1)
     max_grad_norm: float | None = option(10.0, "global gradient norm clip (None: off)", gt=0)
+    # recurrent agents (the paper's GRU agents) on R2D2's sequence replay
+    recurrent: bool = option(False, "GRU agents (hidden -> GRU -> Q, shared weights) trained on sequences from "
+                                    "sequence replay, the state stored with each sequence")
+    core_size: int = option(64, "recurrent: units of the agents' GRU", ge=1)
+    seq_len: int = option(20, "recurrent: trained steps per sequence", ge=1)
+    burn_in: int = option(0, "recurrent: steps before them that only warm up the GRU (no gradient)", ge=0)
+    seq_period: int | None = option(None, "recurrent: steps between the starts of consecutive sequences of an env "
+                                          "(None: seq_len)", ge=1)
 
 
 class AgentQ(nn.Module):
-    """One Q-network for every agent: ``q(packed) -> [B, A, K]`` (invalid actions -inf)."""
+    """The agents' Q-networks: ``q(packed) -> [B, A, K]`` (invalid actions -inf). One network
+    for every agent (``share_params``, an agent id in its input), or one per agent held as
+    one batched network over agents (``AgentMLP``)."""
 
-    def __init__(self, layout: AgentLayout, hidden, activation: str, agent_id: bool):
+    def __init__(self, layout: AgentLayout, hidden, activation: str, agent_id: bool, share_params: bool = True):
         super().__init__()
-        self.layout, self.agent_id = layout, agent_id
         A = layout.n_agents
+        self.layout, self.agent_id, self.share_params = layout, agent_id and share_params, share_params
         self.register_buffer("eye", torch.eye(A), persistent=False)
-        self.net = MLP(layout.obs_dim + (A if agent_id else 0), tuple(hidden), activation, out_dim=layout.n_actions)
+        if share_params:
+            self.net = MLP(layout.obs_dim + (A if self.agent_id else 0), tuple(hidden), activation,
+                           out_dim=layout.n_actions)
+        else:
+            self.net = AgentMLP(A, layout.obs_dim, tuple(hidden), activation, layout.n_actions)
 
     def q(self, packed: torch.Tensor) -> torch.Tensor:
         view = self.layout.split(packed)
         x = view.obs
+        if not self.share_params:
+            return self.net.stacked(x).masked_fill(~view.action_mask, float("-inf"))
         if self.agent_id:
             B, A = x.shape[:2]
             x = torch.cat([x, self.eye.expand(B, A, A)], -1)
@@ -137,12 +165,22 @@ class QMIX(OffPolicy):
             raise UserError(f"{type(self).name}.normalize_obs is not built for multi-agent networks; leave it false")
         self.layout = layout
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
-        self.actor = self._build(lambda: AgentQ(layout, cfg.hidden, cfg.activation, cfg.agent_id).to(device))
+        self.actor = self._build(lambda: self.make_agents().to(device))
         self.mixer = self._build(lambda: (VDNMixer() if cfg.mixer == "vdn" else QMixer(
             layout.n_agents, layout.state_dim, cfg.mixing_embed_dim, cfg.hypernet_hidden)).to(device))
         self.target = copy.deepcopy(self.actor).requires_grad_(False)
         self.target_mixer = copy.deepcopy(self.mixer).requires_grad_(False)
         self.optimizer = self._optimizer(list(self.actor.parameters()) + list(self.mixer.parameters()), cfg.lr)
+
+    def make_agents(self) -> nn.Module:
+        cfg = self.cfg
+        return AgentQ(self.layout, cfg.hidden, cfg.activation, cfg.agent_id, cfg.share_params)
+
+    def __new__(cls, cfg=None, *args, **kwargs):  # (cfg optional: copy and pickle call __new__(cls))
+        # ``qmix.recurrent`` (and vdn's): the same algorithm name, GRU agents on sequence replay
+        if getattr(cfg, "recurrent", False) and not issubclass(cls, RecurrentQMIX):
+            cls = RecurrentQMIX
+        return super().__new__(cls)
 
     @property
     def epsilon(self) -> float:
@@ -207,3 +245,196 @@ class QMIX(OffPolicy):
         out = super().update(progress)
         out["epsilon"] = self.epsilon
         return out
+
+
+# ---------------------------------------------------------------------------
+# Recurrent agents on sequence replay (``recurrent=true``)
+
+
+class RecurrentAgentQ(nn.Module):
+    """The paper's agent network, one for all agents: ``obs (+ agent id) -> MLP -> GRU -> Q``.
+    The agents are folded into the GRU's batch; a batch's state is ``[B, A * core_size]``
+    (each env column's agents side by side), reset to zeros where an episode starts
+    (``RecurrentCore``'s ``starts``)."""
+
+    def __init__(self, layout: AgentLayout, hidden, activation: str, agent_id: bool, core_size: int):
+        super().__init__()
+        A = layout.n_agents
+        self.layout, self.agent_id = layout, agent_id
+        self.register_buffer("eye", torch.eye(A), persistent=False)
+        self.fc = MLP(layout.obs_dim + (A if agent_id else 0), tuple(hidden), activation)
+        self.core = RecurrentCore(self.fc.out_dim, core_size, 1, "gru")
+        self.out = layer_init(nn.Linear(core_size, layout.n_actions), 1.0)
+        self.state_dim = A * self.core.state_dim
+
+    def initial_state(self, batch: int, device=None) -> torch.Tensor:
+        return torch.zeros(batch, self.state_dim, device=device)
+
+    def q_sequence(self, packed: torch.Tensor, state: torch.Tensor, starts: torch.Tensor):
+        """``packed [T, B, F]``, ``state [B, A * H]`` entering step 0, ``starts [T, B]`` ->
+        ``(Q [T, B, A, K] with invalid actions -inf, state after step T - 1)``."""
+        T, B = packed.shape[:2]
+        A, H = self.layout.n_agents, self.core.hidden
+        view = self.layout.split(packed.reshape(T * B, -1))
+        x = view.obs
+        if self.agent_id:
+            x = torch.cat([x, self.eye.expand(T * B, A, A)], -1)
+        h = self.fc(x).reshape(T, B * A, -1)
+        out, state = self.core(h, state.reshape(B * A, H), starts.repeat_interleave(A, dim=1))
+        q = self.out(out).reshape(T, B, A, -1)
+        return q.masked_fill(~view.action_mask.reshape(T, B, A, -1), float("-inf")), state.reshape(B, A * H)
+
+    def q_step(self, packed: torch.Tensor, state: torch.Tensor, starts: torch.Tensor):
+        q, state = self.q_sequence(packed.unsqueeze(0), state, starts.unsqueeze(0))
+        return q[0], state
+
+    @torch.no_grad()
+    def act(self, packed: torch.Tensor, state: torch.Tensor, starts: torch.Tensor):
+        q, state = self.q_step(packed, state, starts)
+        return q.argmax(-1), state
+
+
+class RecurrentQMIX(RecurrentColumns, QMIX):
+    """QMIX / VDN with GRU agents, on R2D2's sequence replay (``corral.storage.sequence``).
+
+    Each env column is cut into sequences of ``burn_in + seq_len + n_step`` steps stored with
+    the agents' GRU state entering their first step and the joint action as one index
+    (``sum_j u_j K^j``). A gradient step unrolls the online agents over the burn-in without
+    gradient and over the rest with it, the target agents over the whole sequence, both from
+    the stored state (reset at episode starts inside the sequence); mixes the chosen Q-values
+    per step on that step's state; and takes R2D2's n-step targets
+    (``corral.algos.r2d2.nstep_sequence_targets``) with the target mixer's ``Q_tot`` of the
+    double-Q picks as the bootstrap (cut at terminations, steps whose window meets a
+    truncation left out)."""
+
+    def __init__(self, cfg: QMIXConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
+        if not cfg.share_params:
+            raise UserError(f"{type(self).name}.recurrent builds one GRU agent network shared by all agents; "
+                            "leave share_params true")
+        self.sequence = cfg.burn_in + cfg.seq_len + cfg.n_step
+        self.period = cfg.seq_period or cfg.seq_len
+        if self.period > self.sequence:
+            raise UserError(f"{type(self).name}.seq_period={self.period} is longer than a sequence ({self.sequence} "
+                            "steps: burn_in + seq_len + n_step)")
+        layout = agent_layout(obs_space)
+        self.base_k = layout.n_actions if layout is not None else 1
+        super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
+        if self.base_k ** self.layout.n_agents >= 2 ** 62:
+            raise UserError(f"{self.name}.recurrent stores the joint action as one index; "
+                            f"{self.base_k}^{self.layout.n_agents} joint actions do not fit")
+        self.init_columns()
+        self.window = None
+        if self.stores:
+            self.window = SequenceWindow(self.sequence, self.period, num_envs, (self.layout.size,), torch.float32,
+                                         torch.long, self.actor.state_dim, device)
+
+    def make_agents(self) -> nn.Module:
+        cfg = self.cfg
+        return RecurrentAgentQ(self.layout, cfg.hidden, cfg.activation, cfg.agent_id, cfg.core_size)
+
+    def _make_replay(self):
+        cfg = self.cfg
+        capacity = max(cfg.batch_size, cfg.buffer_size // self.period)
+        try:
+            return SequenceReplay(capacity, self.sequence, (self.layout.size,), torch.float32, torch.long,
+                                  self.layout.n_agents * cfg.core_size, self.device, self.rng.seeds["replay"],
+                                  cfg.prioritized, cfg.per_alpha, cfg.per_beta, cfg.per_beta_final, cfg.per_eps)
+        except ReplayCapacityError as e:
+            raise UserError(str(e)) from None
+
+    # --- joint actions as one index
+    def encode(self, action: torch.Tensor) -> torch.Tensor:
+        """``[..., A]`` per-agent actions -> ``[...]`` joint index ``sum_j u_j K^j``."""
+        powers = self.base_k ** torch.arange(self.layout.n_agents, device=action.device)
+        return (action.long() * powers).sum(-1)
+
+    def decode(self, joint: torch.Tensor) -> torch.Tensor:
+        powers = self.base_k ** torch.arange(self.layout.n_agents, device=joint.device)
+        return (joint.long().unsqueeze(-1) // powers) % self.base_k
+
+    # --- acting
+    def explore(self, obs):
+        view = self.layout.split(obs)
+        g = self.rng["noise"]
+        e = torch.empty(view.action_mask.shape, device=self.device).exponential_(generator=g)
+        random_action = (-e.log_()).masked_fill(~view.action_mask, float("-inf")).argmax(-1)
+        explore_mask = torch.rand(random_action.shape, generator=g, device=self.device) < self.epsilon
+        q, state = self.actor.q_step(obs, self._state, self._starts)  # always: the state moves on
+        action = torch.where(explore_mask, random_action, q.argmax(-1))
+        return action, RecurrentAction(action, *self.step_columns(state))
+
+    def act_recurrent(self, obs, state, starts, deterministic: bool = True):
+        return self.actor.act(obs, state, starts)
+
+    def store(self, step: Step) -> None:
+        ex = step.extras
+        seqs = self.window.add(obs=step.obs, action=self.encode(ex.action), reward=step.reward,
+                               terminated=step.terminated, truncated=step.truncated, start=ex.start, state=ex.state)
+        if seqs is not None:
+            self.replay.add(seqs)
+
+    # --- learning
+    def initial_priorities(self, fragment):
+        return None
+
+    def _groups(self, steps: int):
+        for _ in range(steps):
+            self.replay.beta_steps = max(1, self.total_steps // max(1, self.num_envs * self.cfg.train_freq))
+            yield self.replay.sample(self.cfg.batch_size)
+
+    def mixed(self, mixer, q: torch.Tensor, action: torch.Tensor, view) -> torch.Tensor:
+        """``Q_tot [T, B]`` of the chosen ``action [T, B, A]`` from agents' ``q [T, B, A, K]``."""
+        T, B, A = action.shape
+        chosen = self.chosen(q, action, view.agent_mask.reshape(T, B, A))
+        return mixer(chosen.reshape(T * B, A), view.state.reshape(T * B, -1)).reshape(T, B)
+
+    def phases(self, batch, noise, shared=None):
+        cfg = self.cfg
+        bi, L, n = cfg.burn_in, cfg.seq_len, cfg.n_step
+        obs, starts = batch.obs.transpose(0, 1), batch.start.T  # [S, B, ...]
+        S, B = starts.shape
+        view = self.layout.split(obs.reshape(S * B, -1))
+
+        def step_view(sl):  # the view of steps ``sl`` of every sequence, flat [len * B, ...]
+            return type(view)(*(None if v is None else v.reshape(S, B, *v.shape[1:])[sl].flatten(0, 1)
+                                for v in view))
+
+        actions = self.decode(batch.action.T)  # [S, B, A]
+        state0 = batch.state
+        with torch.no_grad():
+            state = state0
+            if bi:
+                _, state = self.actor.q_sequence(obs[:bi], state0, starts[:bi])
+            q_tgt, _ = self.target.q_sequence(obs, state0, starts)
+        q_online, _ = self.actor.q_sequence(obs[bi:], state, starts[bi:])  # [L + n, B, A, K]
+        q_tot = self.mixed(self.mixer, q_online[:L], actions[bi:bi + L], step_view(slice(bi, bi + L))).T  # [B, L]
+        with torch.no_grad():
+            nxt = slice(bi + n, bi + n + L)
+            pick = (q_online[n:n + L] if cfg.double else q_tgt[nxt]).argmax(-1)
+            boot = self.mixed(self.target_mixer, q_tgt[nxt], pick, step_view(nxt))  # [L, B]
+            target, trained = nstep_sequence_targets(batch.reward, batch.terminated, batch.truncated, cfg.gamma,
+                                                     torch.zeros_like(boot).unsqueeze(-1), boot.unsqueeze(-1),
+                                                     bi, L, n, True, None)
+        td = q_tot - target
+        per_step = td.square() if cfg.loss == "mse" else F.smooth_l1_loss(q_tot, target, reduction="none")
+        mask = trained.float()
+        per_seq = (per_step * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        loss = (per_seq * batch.weights).mean() if cfg.prioritized else per_seq.mean()
+        yield self.optimizer, loss
+        abs_td = td.detach().abs() * mask
+        stats = {"q_loss": loss.detach(), "q_tot_mean": (q_tot.detach() * mask).sum() / mask.sum().clamp(min=1.0),
+                 "target_mean": (target * mask).sum() / mask.sum().clamp(min=1.0)}
+        return stats, (abs_td.amax(1) if cfg.prioritized else None)
+
+    # --- state
+    def extra_state(self):
+        state = {**super().extra_state(), **self.columns_state()}
+        if self.window is not None:
+            state["window"] = self.window.state_dict()
+        return state
+
+    def load_extra_state(self, state):
+        super().load_extra_state(state)
+        self.load_columns_state(state)
+        if self.window is not None and "window" in state:
+            self.window.load_state_dict(state["window"])

@@ -52,6 +52,8 @@ observations are taken; an ``info[agent]["action_mask"]`` is read too.
 **State for exact resume**: where every env defines ``corral_state() -> dict`` (numpy arrays
 and plain values) and ``corral_load_state(state)``, checkpoints hold it and a resumed run
 continues the same episodes (``copyable``); otherwise a resumed run starts fresh episodes.
+``mpe:NAME`` envs have these hooks (``corral.envs.mpe.MPEParallel``: entity positions,
+velocities, colours, the step counter, the RNG state).
 """
 
 from __future__ import annotations
@@ -257,7 +259,12 @@ class ParallelFactory:
                 module = _import_family(spec)
                 build = getattr(module, "parallel_env", None)
                 try:
-                    env = build(**self.kwargs) if build is not None else module.env(**self.kwargs)
+                    if spec.startswith("mpe:") and callable(getattr(module, "env", None)):
+                        from corral.envs.mpe import MPEParallel  # the parallel conversion with state hooks
+
+                        env = MPEParallel(module.env(**self.kwargs))
+                    else:
+                        env = build(**self.kwargs) if build is not None else module.env(**self.kwargs)
                 except TypeError as e:
                     raise UserError(f"env {spec!r} rejected its kwargs {self.kwargs}: {e}") from None
             elif ":" not in spec:

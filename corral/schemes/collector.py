@@ -52,6 +52,8 @@ class FragmentData:
     truncated: torch.Tensor  # [T, N] bool, as the env reported
     final_obs: torch.Tensor  # [D, *obs] true final observations where terminated | truncated, in nonzero order
     priorities: torch.Tensor | None = None  # [T, N] initial replay priorities (Ape-X), or None
+    # a multi-agent env's per-agent rewards and flags (``AgentStep``, each [T, N, A]), or None
+    agents: Any = None
 
     @property
     def length(self) -> int:
@@ -62,7 +64,8 @@ class FragmentData:
             return self
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
         return FragmentData(move(self.obs), map_record(self.extras, move), move(self.reward),
-                            move(self.terminated), move(self.truncated), move(self.final_obs), move(self.priorities))
+                            move(self.terminated), move(self.truncated), move(self.final_obs), move(self.priorities),
+                            None if self.agents is None else map_record(self.agents, move))
 
     def head(self, rows: int) -> "FragmentData":
         """The first ``rows`` steps as a fragment of their own (its last step the boundary)."""
@@ -71,7 +74,8 @@ class FragmentData:
         done = self.terminated[:rows] | self.truncated[:rows]
         return FragmentData(self.obs[:rows + 1], index_record(self.extras, slice(None, rows)), self.reward[:rows],
                             self.terminated[:rows], self.truncated[:rows], self.final_obs[:int(done.sum())],
-                            None if self.priorities is None else self.priorities[:rows])
+                            None if self.priorities is None else self.priorities[:rows],
+                            None if self.agents is None else index_record(self.agents, slice(None, rows)))
 
     def true_next_obs(self) -> torch.Tensor:
         """``[T, N, *obs]``: the observation after each step within its episode (final_obs where one ended)."""
@@ -89,17 +93,20 @@ class FragmentData:
 
     def steps(self):
         """The ``Step`` records ``observe`` takes; the last one marks the fragment's boundary
-        in ``truncated`` and carries the env's own flags in ``env_truncated``."""
+        in ``truncated`` and carries the env's own flags in ``env_truncated`` (a multi-agent
+        algorithm marks its agents' columns there itself: ``agents`` holds the env's flags)."""
         final = self.true_next_obs()
         trunc = self.boundary_truncated()
         last = self.length - 1
         for t in range(self.length):
             yield Step(self.obs[t], index_record(self.extras, t), self.reward[t], self.terminated[t], trunc[t],
-                       final[t], self.obs[t + 1], self.truncated[t] if t == last else None)
+                       final[t], self.obs[t + 1], self.truncated[t] if t == last else None,
+                       None if self.agents is None else index_record(self.agents, t))
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.obs, self.reward, self.terminated, self.truncated, self.final_obs, *self.extras]
+        tensors = [self.obs, self.reward, self.terminated, self.truncated, self.final_obs, *self.extras,
+                   *(self.agents or ())]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
@@ -249,6 +256,7 @@ class Collector:
         term = torch.empty((T, N), dtype=torch.bool)
         trunc = torch.empty((T, N), dtype=torch.bool)
         extras_steps: list[dict] = []
+        agent_steps: list = []  # a multi-agent env's per-agent results (info["agents"])
         finals: list[torch.Tensor] = []
         episodes: list[tuple[int, float, int]] = []
         with torch.no_grad():
@@ -258,6 +266,8 @@ class Collector:
                 next_obs, reward, terminated, truncated, info = env.step(env_action)
                 rew[t], term[t], trunc[t] = reward, terminated, truncated
                 extras_steps.append(extras)
+                if "agents" in info:
+                    agent_steps.append(info["agents"])
                 ended = terminated | truncated
                 algo.rewarded(reward)
                 algo.episodes_ended(ended)
@@ -272,7 +282,8 @@ class Collector:
         self.obs = obs
         extras = stack_records(extras_steps)
         final = torch.cat(finals) if finals else obs_buf.new_empty((0, *obs.shape[1:]))
-        data = FragmentData(obs_buf, extras, rew, term, trunc, final)
+        data = FragmentData(obs_buf, extras, rew, term, trunc, final,
+                            agents=stack_records(agent_steps) if agent_steps else None)
         with torch.no_grad():
             data.priorities = algo.initial_priorities(data)
         meta = FragmentMeta(self.index, self.generation, version, T * N, time.perf_counter() - t0, episodes,

@@ -43,9 +43,12 @@ def check_agents(cls, env, cfg) -> None:
     if cls.multi_agent and not env_ma:
         raise UserError(f"{cfg.algo} is a multi-agent algorithm and env {cfg.env.id!r} is not a PettingZoo env; "
                         "give mpe:NAME, pettingzoo:family.name or a module:callable returning a PettingZoo env")
-    if cls.multi_agent and (cfg.scheme.collectors > 1 or cfg.scheme.grad_workers > 1):
-        raise UserError(f"{cfg.algo}: Ray collectors and gradient workers are not built for multi-agent "
-                        "algorithms yet; leave scheme.collectors and scheme.grad_workers at 1")
+    if cls.multi_agent and cfg.scheme.grad_workers > 1:
+        raise UserError(f"{cfg.algo}: gradient workers are not built for multi-agent algorithms yet; leave "
+                        "scheme.grad_workers at 1")
+    if cls.multi_agent and cfg.scheme.collectors > 1 and not getattr(cls, "multi_agent_collectors", False):
+        raise UserError(f"{cfg.algo}: Ray collectors are built for the on-policy multi-agent algorithms (ippo, "
+                        "mappo), not this one yet; leave scheme.collectors at 1")
 
 
 class EpisodeTally:
