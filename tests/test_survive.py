@@ -125,6 +125,56 @@ def test_a_part_that_keeps_dying_ends_the_run_with_its_last_checkpoint_and_one_m
     assert 1024 <= state["counters"]["env_steps"] < 4096
 
 
+def test_a_fragment_lost_on_its_way_to_the_replay_server_is_counted_and_a_death_seen_on_an_add_revives():
+    """The client reads its adds' results once they have run: an add whose fragment never
+    reached the server (the node holding it went away; Ray's ObjectLostError) is taken off
+    ``sent``, counted and reported; an add that shows the server died goes to ``revive``."""
+    from corral.schemes.replay_server import ReplayClient
+
+    class Lost(Exception):
+        pass
+
+    class Died(Exception):
+        pass
+
+    class Handle:
+        def __init__(self, value=None, error=None):
+            self.value, self.error = value, error
+
+    added = []
+
+    def call(name, *args):
+        if name == "add":
+            data = args[0]
+            if data in ("lost", "died"):
+                return Handle(error=Lost() if data == "lost" else Died())
+            added.append(data)
+            return Handle(len(added))
+        return Handle({"server": {}} if name == "state_dict" else 0)
+
+    def get(h):
+        if h.error is not None:
+            raise h.error
+        return h.value
+
+    client = ReplayClient(call, get, "cpu", capacity=1000)
+    drops, deaths = [], []
+    client.done = lambda handles: handles[:-1]  # the newest add has not run yet
+    client.lost = lambda e: isinstance(e, Lost)
+    client.on_drop = drops.append
+    client.revive = deaths.append
+    for data in ("a", "lost", "b", "c"):
+        client.add(data, rows=8, num_envs=2)
+    client._confirm()
+    assert drops == [16] and client.dropped == 16 and client.sent == 48 and len(client._adds) == 1
+    state = client.state_dict()  # reads every add first: what it records as sent is what the server holds
+    assert state["server"]["client"]["sent"] == 48 == 16 * len(added) and not client._adds
+    client.add("died", rows=8, num_envs=2)
+    client.add("d", rows=8, num_envs=2)
+    client._confirm(block=True)
+    assert len(deaths) == 1 and isinstance(deaths[0], Died) and client.dropped == 16
+
+
 # ---------------------------------------------------------------------------
 # memory: a replay that will not fit is refused before anything starts
 
@@ -279,9 +329,10 @@ def _fresh_process_eval(run) -> dict:
             "cfg = config_from_dict(state['config']); cfg.scheme.collectors = 1\n"
             "L = Learner(cfg, None, quiet=True); L.load_state_dict(state)\n"
             "print(json.dumps(L.evaluate()))\n")
-    out = subprocess.run([sys.executable, "-c", code, str(run / "checkpoints" / "latest.pt")], check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    out = subprocess.run([sys.executable, "-c", code, str(run / "checkpoints" / "latest.pt")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
@@ -304,8 +355,9 @@ def test_a_restored_apex_run_evaluates_as_at_save_time_and_does_not_collapse(ray
         restored = _fresh_process_eval(run)
         for key in ("mean_return", "std_return", "min_return", "max_return"):
             assert restored[key] == at_save[key], (seed, key, restored, at_save)
-        subprocess.run([sys.executable, "-m", "corral.cli", "resume", str(run), "--steps", str(steps + 5000)],
-                       check=True, capture_output=True)
+        out = subprocess.run([sys.executable, "-m", "corral.cli", "resume", str(run), "--steps", str(steps + 5000)],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-4000:]
         saved.append(at_save["mean_return"])
         after.append(json.loads((run / "eval.json").read_text())["mean_return"])
     spread = max(saved) - min(saved)
