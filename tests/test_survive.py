@@ -367,14 +367,25 @@ def test_a_restored_apex_run_evaluates_as_at_save_time_and_does_not_collapse(ray
 
 
 def _memory_mb() -> tuple[float, float]:
-    """(resident MB of this process, the learner's; object store MB in use)."""
-    import ray
+    """(resident MB of this process and every process of its Ray session, its descendants:
+    raylet, GCS, workers; the object store's MB in use, from Ray's memory summary)."""
+    import re
 
-    with open("/proc/self/status") as f:
-        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
-    total = ray.cluster_resources().get("object_store_memory", 0.0)
-    free = ray.available_resources().get("object_store_memory", total)
-    return rss / 2**20, (total - free) / 2**20
+    import psutil
+    import ray
+    from ray._private.internal_api import memory_summary
+
+    me = psutil.Process()
+    rss = 0
+    for p in [me] + me.children(recursive=True):
+        try:
+            rss += p.memory_info().rss
+        except psutil.Error:
+            pass
+    # this session's cluster: without an address Ray picks the newest one on the machine
+    text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
+    store = re.search(r"Plasma memory usage (\d+(?:\.\d+)?) MiB", text)
+    return rss / 2**20, float(store.group(1)) if store else 0.0
 
 
 @pytest.mark.slow
