@@ -80,7 +80,7 @@ def main() -> None:
     L = Learner(cfg, new_run_dir(cfg, a.run_dir), quiet=True)
     import ray
 
-    ray.init(num_cpus=5, include_dashboard=False, logging_level="WARNING")  # as the scheme would size it
+    ray.init(address="local", num_cpus=5, include_dashboard=False, logging_level="WARNING")  # as the scheme would size it
     if a.kill_every > 0:
         scheme, killed = ray_scheme_killing(L, ray, "chaos", after=a.kill_every, times=10**6, index=a.seed)
     else:
@@ -89,9 +89,10 @@ def main() -> None:
     t0 = time.time()
     samples, done = [], threading.Event()
 
-    def sample():
+    def sample():  # written as it goes, so a run stopped early still leaves its curve
         while not done.wait(a.sample_every):
             samples.append(memory_sample(t0))
+            Path(a.out + ".partial").write_text(json.dumps({"kills": killed, "memory": samples}))
 
     threading.Thread(target=sample, daemon=True).start()
     summary = L.train()

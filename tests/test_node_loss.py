@@ -48,6 +48,11 @@ def cluster():
                            # every object in the store of the node that made it (not inlined into its
                            # owner): a fragment the replay server has not read yet goes with its node
                            "max_direct_call_object_size": 64}})
+    # Cluster writes its address where a plain ray.init() on this machine would join it: take
+    # it back, so other Ray sessions here start their own (this test joins by address)
+    from ray._common.utils import reset_ray_address
+
+    reset_ray_address()
     workers = [c.add_node(num_cpus=2, resources={"slot": 2}) for _ in range(3)]
     c.wait_for_nodes()
     ray.init(address=c.address, logging_level="WARNING")

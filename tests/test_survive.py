@@ -109,6 +109,22 @@ def test_a_killed_replay_server_restarts_from_the_last_checkpoint_and_counts_wha
     assert state["counters"]["env_steps"] == 4096 and state["algo"]["replay"]["steps"] * 2 == 4096 - lost
 
 
+def test_a_replay_server_killed_before_the_first_checkpoint_restarts_empty_and_the_run_goes_on(ray_local, tmp_path):
+    """No checkpoint yet: the new server starts empty, so the update that saw the death cannot
+    draw; it is given up (counted), no update is owed while the server refills (as in-process,
+    where an update needs a batch), and training resumes from what the collectors send next."""
+    L = learner("apex_dqn", "CartPole-v1", 4096, tmp_path / "r", **{**APEX, "checkpoint.every": 0})
+    scheme, killed = ray_scheme_killing(L, ray_local, "replay", after=30)
+    steps_before = L.algo.grad_steps
+    assert L.train()["env_steps"] == 4096 and killed
+    assert scheme.replay_restarts == 1 and scheme.replay_lost_updates == 1
+    lost = scheme.replay_lost
+    assert lost >= 30 * 64 and L.algo.replay.steps_added * 2 == 4096 - lost
+    assert L.algo.grad_steps > steps_before
+    rows = metrics(L.run_dir)
+    assert last(rows, "replay_lost_updates") == 1 and last(rows, "replay_lost_transitions") == lost
+
+
 @pytest.mark.parametrize("part", ["replay", "grad"])
 def test_a_part_that_keeps_dying_ends_the_run_with_its_last_checkpoint_and_one_message(ray_local, tmp_path, part):
     over = {**APEX, "scheme.max_replay_restarts": 1, "scheme.max_grad_restarts": 1}

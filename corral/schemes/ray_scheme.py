@@ -254,10 +254,15 @@ class RayScheme(FragmentScheme):
                                 "check the address (`ray status` on the head node prints it) and, for a cluster "
                                 "with token authentication, set RAY_AUTH_MODE=token and the cluster's "
                                 "RAY_AUTH_TOKEN") from None
+        elif os.environ.get("RAY_ADDRESS"):  # inside `ray job submit` (or set by hand): that cluster
+            ray.init(**kw)
         else:
             # Every actor gets a CPU of its own where the machine has them; where it does
             # not, they share (collectors spend much of their time waiting on envs anyway).
-            ray.init(num_cpus=max(os.cpu_count() or 1, self._actors_needed()), include_dashboard=False, **kw)
+            # address="local": a new instance even where `ray start` left a cluster on this
+            # machine (Ray would otherwise join that one, and refuse num_cpus).
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, self._actors_needed()),
+                     include_dashboard=False, **kw)
         self._owns_ray = True
 
     def _cpus_per_actor(self) -> float:

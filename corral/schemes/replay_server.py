@@ -33,6 +33,12 @@ from corral.schemes.collector import FragmentData
 from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer
 
 
+class ReplayRestarted(Exception):
+    """The replay server died during an update and its replacement (from the last checkpoint,
+    or empty before the first) holds less than a batch: the update in flight cannot draw and
+    is given up; the learner trains again once the collectors have refilled it."""
+
+
 class Ready:
     """A server result already in hand (a restored prefetched group), where a handle would be."""
 
@@ -171,8 +177,10 @@ class ReplayClient:
         self.on_drop: Callable[[int], None] | None = None
         self.dropped = 0
 
-    def _result(self, handle, remake: Callable[[], Any]):
-        """``get(handle)``; when the server died meanwhile, revive it and ask again (``remake``)."""
+    def _result(self, handle, remake: Callable[[], Any], need: int = 0):
+        """``get(handle)``; when the server died meanwhile, revive it and ask again (``remake``);
+        ``need``: items the request draws, which a revived server that holds fewer cannot give
+        (``ReplayRestarted``)."""
         while True:
             try:
                 return handle.value if isinstance(handle, Ready) else self.get(handle)
@@ -180,6 +188,9 @@ class ReplayClient:
                 if self.revive is None:
                     raise
                 self.revive(e)
+                if self.size < need:
+                    raise ReplayRestarted(f"the restarted replay server holds {self.size} items, "
+                                          f"fewer than a batch of {need}") from None
                 handle = remake()
 
     def replace(self, call: Callable[..., Any], state: dict | None) -> int:
@@ -244,6 +255,9 @@ class ReplayClient:
 
     def _request(self, batch_size: int):
         self._confirm()
+        if self.size < batch_size:  # the server died, seen on an add, and its replacement holds less
+            raise ReplayRestarted(f"the restarted replay server holds {self.size} items, fewer than a batch "
+                                  f"of {batch_size}")
         idx = td = None
         if self._updates:
             idx = torch.cat([i for i, _ in self._updates])
@@ -255,7 +269,7 @@ class ReplayClient:
         if not self._queue:
             if self._next is None or self._next[1] != batch_size:
                 self._next = self._request(batch_size)
-            group = self._result(self._next[0], lambda: self._request(batch_size)[0])
+            group = self._result(self._next[0], lambda: self._request(batch_size)[0], need=batch_size)
             self._next = self._request(batch_size)  # drawn while this group trains
             self._queue = group.split(batch_size)[::-1]
         self.step += 1
