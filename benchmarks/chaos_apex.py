@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60_000)
     ap.add_argument("--kill-every", type=float, default=60.0)
     ap.add_argument("--sample-every", type=float, default=30.0)
+    ap.add_argument("--grad-workers", type=int, default=2, help="1: no gradient workers to kill (faster)")
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -73,14 +74,14 @@ def main() -> None:
     from corral.train.learner import Learner
     from corral.train.setup import build_config, new_run_dir
 
-    over = {"scheme.collectors": 2, "scheme.grad_workers": 2, "checkpoint.every": 5000, "eval.every": 5000,
+    over = {"scheme.collectors": 2, "scheme.grad_workers": a.grad_workers, "checkpoint.every": 5000, "eval.every": 5000,
             "eval.episodes": 10, "tensorboard": False, "progress": False}
     cfg = build_config("apex_dqn", "CartPole-v1", steps=a.steps, seed=a.seed, overrides=over)
     cfg.scheme.max_restarts = cfg.scheme.max_replay_restarts = cfg.scheme.max_grad_restarts = 1000
     L = Learner(cfg, new_run_dir(cfg, a.run_dir), quiet=True)
     import ray
 
-    ray.init(address="local", num_cpus=5, include_dashboard=False, logging_level="WARNING")  # as the scheme would size it
+    ray.init(address="local", num_cpus=3 + (a.grad_workers if a.grad_workers > 1 else 0), include_dashboard=False, logging_level="WARNING")  # as the scheme would size it
     if a.kill_every > 0:
         scheme, killed = ray_scheme_killing(L, ray, "chaos", after=a.kill_every, times=10**6, index=a.seed)
     else:

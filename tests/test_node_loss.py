@@ -115,6 +115,7 @@ def test_a_placement_no_node_offers_is_refused_with_the_resources_the_cluster_ha
         Learner(cfg, None, env_spec="CartPole-v1", quiet=True).train()
 
 
+@pytest.mark.slow  # two CLI processes joining the cluster: ~2 min here under load
 def test_a_driver_killed_mid_run_is_resumed_from_latest_on_the_same_cluster_and_placement(cluster, tmp_path):
     """`corral train` joins the cluster (``scheme.ray_address``) with the placement above and is
     killed (SIGKILL: no clean shutdown) once it has written a checkpoint; `corral resume` of the
