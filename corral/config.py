@@ -103,6 +103,11 @@ class SchemeConfig:
                                          "checkpoint before the run fails", ge=0)
     max_grad_restarts: int = option(3, "times dead gradient workers are restarted (their step redone) before "
                                        "the run fails", ge=0)
+    collector_resources: dict = option(
+        {}, "custom Ray resources each collector asks for, e.g. {collector_slot: 1}: collectors (and their "
+            "restarts) go only to nodes that offer them (placement on a cluster; docs/distributed.md)")
+    grad_resources: dict = option({}, "custom Ray resources each gradient worker asks for (as collector_resources)")
+    replay_resources: dict = option({}, "custom Ray resources the replay server asks for (as collector_resources)")
     backend: Literal["ray", "local"] = option(
         "ray", "where collectors and gradient workers run when there are several: ray (Ray actors), or local "
                "(in this process, one after another: the same results as Ray's sync mode, for debugging)")

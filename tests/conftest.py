@@ -18,7 +18,8 @@ def ray_local():
     """A small local Ray (2 CPUs), started once and shared by the tests that need one."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        # a new instance even where a cluster was started on this machine (`ray start`, a test's Cluster)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     return ray
 
 

@@ -108,6 +108,7 @@ class FragmentScheme:
         self.restarts = 0  # collectors'
         self.dropped = 0
         self.replay_restarts = 0
+        self.replay_lost_updates = 0  # updates given up: the server died in them, its replacement under a batch
         self.replay_lost = 0  # transitions the replay server held or was sent, lost with it
         self.grad_restarts = 0
         self.fragments = 0
@@ -337,6 +338,7 @@ class FragmentScheme:
         if self.replay_server:
             out["replay_restarts"] = float(self.replay_restarts)
             out["replay_lost_transitions"] = float(self.replay_lost)
+            out["replay_lost_updates"] = float(self.replay_lost_updates)
         if self.sc.grad_workers > 1:
             out["grad_worker_restarts"] = float(self.grad_restarts)
         if self.K > 1:
@@ -516,7 +518,13 @@ class FragmentScheme:
         idle: set[int] = set(range(K))
 
         def due() -> int:
-            return updates_by(algo.vector_steps) - done if algo.replay.can_sample(cfg.batch_size) else 0
+            nonlocal done
+            if not algo.replay.can_sample(cfg.batch_size):
+                # none owed while there is nothing to draw (as in-process, where an update needs
+                # a batch; after a server restarted empty, the updates missed are not made up)
+                done = updates_by(algo.vector_steps)
+                return 0
+            return updates_by(algo.vector_steps) - done
 
         while L.env_steps < total:
             for k in sorted(idle):
@@ -545,11 +553,26 @@ class FragmentScheme:
                 algo.advance(rows * n)
             if due() > 0:
                 done += 1
-                stats = algo.update(min(1.0, L.env_steps / total))
-                self.version += 1
-                yield self.metrics(stats)
+                stats = self._replay_update(algo, min(1.0, L.env_steps / total))
+                if stats is not None:
+                    self.version += 1
+                    yield self.metrics(stats)
         while due() > 0:  # the updates the last fragments paid for
             done += 1
-            stats = algo.update(1.0)
-            self.version += 1
-            yield self.metrics(stats)
+            stats = self._replay_update(algo, 1.0)
+            if stats is not None:
+                self.version += 1
+                yield self.metrics(stats)
+
+    def _replay_update(self, algo, progress: float) -> dict | None:
+        """One update against the replay server, or None when the server died during it and
+        its replacement holds less than a batch: the update is given up (counted in
+        ``replay_lost_updates``; its gradient steps already taken stay) and training goes on
+        once the collectors have refilled the server."""
+        from corral.schemes.replay_server import ReplayRestarted
+
+        try:
+            return algo.update(progress)
+        except ReplayRestarted:
+            self.replay_lost_updates += 1
+            return None

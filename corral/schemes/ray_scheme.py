@@ -19,7 +19,7 @@ import logging
 import os
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError, RayTaskError
 
 from corral.errors import UserError
 from corral.schemes.fragments import CollectorFailed, FragmentScheme
@@ -42,8 +42,10 @@ class RayPool:
     """K collectors as Ray actors; ``collect`` returns two objects, a small summary the
     learner always reads and the data, which only moves to whoever needs it."""
 
-    def __init__(self, cfg, env_spec, num_workers: int, cpus: float, inits: list | None = None):
+    def __init__(self, cfg, env_spec, num_workers: int, cpus: float, inits: list | None = None,
+                 resources: dict | None = None):
         self.cfg, self.env_spec, self.num_workers, self.cpus = cfg, env_spec, num_workers, cpus
+        self.resources = resources or None  # custom Ray resources: placed (and restarted) only where offered
         self.remote = ray.remote(Collector)
         self.paths = driver_paths()
         self.generations = [0] * num_workers
@@ -57,7 +59,9 @@ class RayPool:
             self.close()
             raise UserError(
                 f"{num_workers} collectors did not start within {START_TIMEOUT_S:.0f} s; the Ray cluster may "
-                f"have fewer free CPUs than they ask for ({cpus:g} each): lower scheme.collectors or add nodes"
+                f"have fewer free CPUs than they ask for ({cpus:g} each"
+                + (f", and {self.resources} of scheme.collector_resources" if self.resources else "")
+                + "): lower scheme.collectors or add nodes"
             ) from None
         except RayError as e:
             self.close()
@@ -72,7 +76,7 @@ class RayPool:
                                 "the env must build the same on every worker")
 
     def _make(self, k: int, init: dict | None = None):
-        return self.remote.options(num_cpus=self.cpus, max_restarts=0).remote(
+        return self.remote.options(num_cpus=self.cpus, resources=self.resources, max_restarts=0).remote(
             self.cfg, self.env_spec, k, self.num_workers, self.generations[k], self.paths, init)
 
     def spaces(self):
@@ -138,9 +142,11 @@ class RayGradPool:
     sync run with a restart equals one without, bit for bit. ``died(index, error)`` (the
     scheme's) counts each death and raises when the part keeps dying."""
 
-    def __init__(self, cfg, num_workers: int, obs_space, act_space, cpus: float, died=None):
+    def __init__(self, cfg, num_workers: int, obs_space, act_space, cpus: float, died=None,
+                 resources: dict | None = None):
         self.remote = ray.remote(GradientWorker)
         self.args, self.cpus, self.died = (cfg, obs_space, act_space), cpus, died
+        self.resources = resources or None
         self.workers = [self._make(i) for i in range(num_workers)]
         self.num_workers = num_workers
         self.pending: dict = {}
@@ -149,7 +155,8 @@ class RayGradPool:
 
     def _make(self, i: int):
         cfg, obs_space, act_space = self.args
-        return self.remote.options(num_cpus=self.cpus, max_restarts=0).remote(cfg, obs_space, act_space, i)
+        return self.remote.options(num_cpus=self.cpus, resources=self.resources, max_restarts=0).remote(
+            cfg, obs_space, act_space, i)
 
     def _replace(self, i: int, error: BaseException) -> None:
         """Worker ``i`` died: count it (the scheme may end the run here), start a new one in
@@ -247,31 +254,61 @@ class RayScheme(FragmentScheme):
                                 "check the address (`ray status` on the head node prints it) and, for a cluster "
                                 "with token authentication, set RAY_AUTH_MODE=token and the cluster's "
                                 "RAY_AUTH_TOKEN") from None
+        elif os.environ.get("RAY_ADDRESS"):  # inside `ray job submit` (or set by hand): that cluster
+            ray.init(**kw)
         else:
             # Every actor gets a CPU of its own where the machine has them; where it does
             # not, they share (collectors spend much of their time waiting on envs anyway).
-            ray.init(num_cpus=max(os.cpu_count() or 1, self._actors_needed()), include_dashboard=False, **kw)
+            # address="local": a new instance even where `ray start` left a cluster on this
+            # machine (Ray would otherwise join that one, and refuse num_cpus).
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, self._actors_needed()),
+                     include_dashboard=False, **kw)
         self._owns_ray = True
 
     def _cpus_per_actor(self) -> float:
         total = float(ray.cluster_resources().get("CPU", 1.0))
         return min(1.0, total / max(1, self._actors_needed()))
 
+    def _resources(self, part: str) -> dict | None:
+        """``scheme.<part>_resources``, checked: custom resource names to amounts, asked by
+        every actor of that part at its start and at each restart, so a node that goes away
+        is replaced only by nodes that offer them."""
+        key = f"{part}_resources"
+        res = getattr(self.sc, key)
+        if not res:
+            return None
+        bad = [f"{k}: {v!r}" for k, v in res.items() if not isinstance(k, str) or k in ("CPU", "GPU", "memory")
+               or isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0]
+        if bad:
+            raise UserError(f"scheme.{key} has {', '.join(bad)}; give custom resource names (not CPU/GPU/memory, "
+                            f"which the scheme sets) with positive amounts, e.g. {{{part}_slot: 1}}")
+        total = ray.cluster_resources()
+        missing = [k for k in res if total.get(k, 0.0) < res[k]]
+        if missing:
+            raise UserError(f"scheme.{key} asks for {res}, but no node of the Ray cluster offers "
+                            f"{', '.join(missing)} (it has {sorted(k for k in total if ':' not in k)}); start nodes "
+                            f"with `ray start --resources='{{\"{missing[0]}\": N}}'` or change scheme.{key}")
+        return {k: float(v) for k, v in res.items()}
+
     def start(self) -> None:
         self._init_ray()
+        self._placement = {part: self._resources(part) for part in ("collector", "grad", "replay")}
         self._cpus = self._cpus_per_actor()
         super().start()
 
     def make_pool(self, inits):
-        return RayPool(self.learner.cfg, portable_env_spec(self.learner.env_spec), self.K, self._cpus, inits)
+        return RayPool(self.learner.cfg, portable_env_spec(self.learner.env_spec), self.K, self._cpus, inits,
+                       self._placement["collector"])
 
     def make_grad_pool(self, algo):
         return RayGradPool(self.learner.cfg, self.sc.grad_workers, algo.obs_space, algo.act_space, self._cpus,
-                           died=lambda i, e: self.part_died(f"gradient worker {i}", "grad", _cause(e)))
+                           died=lambda i, e: self.part_died(f"gradient worker {i}", "grad", _cause(e)),
+                           resources=self._placement["grad"])
 
     def _replay_actor(self):
         algo = self.learner.algo
-        remote = ray.remote(SERVERS[algo.replay_items]).options(num_cpus=self._cpus, max_restarts=0)
+        remote = ray.remote(SERVERS[algo.replay_items]).options(num_cpus=self._cpus, max_restarts=0,
+                                                                resources=self._placement["replay"])
         self.replay_actor = remote.remote(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space,
                                           self.learner.rng.seeds["replay"])
         actor = self.replay_actor
@@ -289,7 +326,17 @@ class RayScheme(FragmentScheme):
             raise UserError(f"the replay server did not start: {type(cause).__name__}: "
                             f"{next((ln for ln in reversed(text) if 'Error' in ln), text[-1] if text else '')}") from None
         client.revive = lambda e: self._revive_replay(client, e)
+        client.done = lambda handles: ray.wait(handles, num_returns=len(handles), timeout=0, fetch_local=False)[0]
+        client.lost = lambda e: isinstance(e, ObjectLostError)
+        client.on_drop = self._fragment_lost
         return client
+
+    def _fragment_lost(self, n: int) -> None:
+        """A fragment's data was lost before the server read it (the node that held it went
+        away with its collector): its transitions count as lost, like a server's."""
+        self.replay_lost += n
+        log.warning("corral: a fragment of %d transitions was lost on its way to the replay server "
+                    "(the node holding it went away)", n)
 
     def _revive_replay(self, client: ReplayClient, error: BaseException) -> None:
         """The replay server died: a new one from the learner's last checkpoint (``latest.pt``

@@ -33,6 +33,12 @@ from corral.schemes.collector import FragmentData
 from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer
 
 
+class ReplayRestarted(Exception):
+    """The replay server died during an update and its replacement (from the last checkpoint,
+    or empty before the first) holds less than a batch: the update in flight cannot draw and
+    is given up; the learner trains again once the collectors have refilled it."""
+
+
 class Ready:
     """A server result already in hand (a restored prefetched group), where a handle would be."""
 
@@ -161,9 +167,20 @@ class ReplayClient:
         # ``revive(error)``: called when a result shows the server failed; it replaces the
         # server (``replace``) or raises. None (in-process): the error propagates.
         self.revive: Callable[[BaseException], None] | None = None
+        # Adds whose results were not read yet, (handle, transitions), kept when ``done(handles)``
+        # (which of them have run; Ray: ``ray.wait``) is set. An add that failed because its
+        # fragment never reached the server (``lost(error)``: the node holding it went away) is
+        # taken off ``sent``, counted in ``dropped`` and reported to ``on_drop``.
+        self._adds: list[tuple[Any, int]] = []
+        self.done: Callable[[list], list] | None = None
+        self.lost: Callable[[BaseException], bool] = lambda e: False
+        self.on_drop: Callable[[int], None] | None = None
+        self.dropped = 0
 
-    def _result(self, handle, remake: Callable[[], Any]):
-        """``get(handle)``; when the server died meanwhile, revive it and ask again (``remake``)."""
+    def _result(self, handle, remake: Callable[[], Any], need: int = 0):
+        """``get(handle)``; when the server died meanwhile, revive it and ask again (``remake``);
+        ``need``: items the request draws, which a revived server that holds fewer cannot give
+        (``ReplayRestarted``)."""
         while True:
             try:
                 return handle.value if isinstance(handle, Ready) else self.get(handle)
@@ -171,6 +188,9 @@ class ReplayClient:
                 if self.revive is None:
                     raise
                 self.revive(e)
+                if self.size < need:
+                    raise ReplayRestarted(f"the restarted replay server holds {self.size} items, "
+                                          f"fewer than a batch of {need}") from None
                 handle = remake()
 
     def replace(self, call: Callable[..., Any], state: dict | None) -> int:
@@ -179,7 +199,7 @@ class ReplayClient:
         batches drawn ahead, the priorities not yet applied, the transitions sent after the
         snapshot. Returns how many transitions were lost."""
         self.call = call
-        self._queue, self._next, self._updates = [], None, []
+        self._queue, self._next, self._updates, self._adds = [], None, [], []
         kept = 0
         if state is not None:
             client = (state.get("server") or {}).get("client") or {}
@@ -191,8 +211,10 @@ class ReplayClient:
         return max(0, self.sent - kept)
 
     def add(self, data, rows: int, num_envs: int, source: Any = None) -> None:
-        self.call("add", data, rows, source)
+        handle = self.call("add", data, rows, source)
         self.sent += rows * num_envs
+        if self.done is not None:
+            self._adds.append((handle, rows * num_envs))
         if self.counts_rows:
             self.size = min(self.capacity, self.size + rows * num_envs)
 
@@ -204,7 +226,38 @@ class ReplayClient:
     def __len__(self) -> int:
         return self.size
 
+    def _confirm(self, block: bool = False) -> None:
+        """Read the adds that have run (all of them with ``block``): a fragment lost on its way
+        is counted; a server that died or raised goes to ``revive`` like any other result."""
+        if not self._adds:
+            return
+        handles = [h for h, _ in self._adds]
+        finished = set(handles if block else self.done(handles))  # Ray's object refs hash by their id
+        pending = []
+        for i, (handle, n) in enumerate(self._adds):
+            if handle not in finished:
+                pending.append((handle, n))
+                continue
+            try:
+                self.get(handle)
+            except Exception as e:  # noqa: BLE001 - a lost fragment is counted; the rest is revive's
+                if not self.lost(e):
+                    self._adds = pending + self._adds[i:]
+                    if self.revive is None:
+                        raise
+                    self.revive(e)  # a death: the new server starts from a snapshot (``_adds`` cleared)
+                    return
+                self.sent -= n
+                self.dropped += n
+                if self.on_drop is not None:
+                    self.on_drop(n)
+        self._adds = pending
+
     def _request(self, batch_size: int):
+        self._confirm()
+        if self.size < batch_size:  # the server died, seen on an add, and its replacement holds less
+            raise ReplayRestarted(f"the restarted replay server holds {self.size} items, fewer than a batch "
+                                  f"of {batch_size}")
         idx = td = None
         if self._updates:
             idx = torch.cat([i for i, _ in self._updates])
@@ -216,7 +269,7 @@ class ReplayClient:
         if not self._queue:
             if self._next is None or self._next[1] != batch_size:
                 self._next = self._request(batch_size)
-            group = self._result(self._next[0], lambda: self._request(batch_size)[0])
+            group = self._result(self._next[0], lambda: self._request(batch_size)[0], need=batch_size)
             self._next = self._request(batch_size)  # drawn while this group trains
             self._queue = group.split(batch_size)[::-1]
         self.step += 1
@@ -239,6 +292,7 @@ class ReplayClient:
         (the rest of the current group, the group in flight) with its step counters, so a
         mid-run checkpoint resumes on the same batches."""
         self.flush()
+        self._confirm(block=True)  # ``sent`` as the server holds it
         state = self._result(self.call("state_dict"), lambda: self.call("state_dict"))
         client: dict[str, Any] = {"queue": [batch_fields(b) for b in self._queue], "next": None,
                                   "step": self.step, "beta_steps": self.beta_steps, "sent": self.sent}

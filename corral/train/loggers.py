@@ -34,7 +34,7 @@ RUN_KEYS = {"episodes", "steps_per_second", "time", "episode_return", "episode_l
 # Written by a distributed scheme (corral/schemes/fragments.py, grad.py).
 SCHEME_KEYS = {"policy_lag", "policy_lag_max", "fragments", "collector_restarts", "dropped_fragments",
                "learner_wait_seconds", "param_bytes", "grad_lag", "grad_lag_max",
-               "replay_restarts", "replay_lost_transitions", "grad_worker_restarts"}
+               "replay_restarts", "replay_lost_transitions", "replay_lost_updates", "grad_worker_restarts"}
 _COLLECTOR = re.compile(r"collector(\d+)_(\w+)")
 _ACTOR_NAMES = {"sps": "steps_per_s"}
 

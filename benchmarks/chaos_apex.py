@@ -1,0 +1,116 @@
+"""Ape-X DQN on CartPole on Ray with (or without) random kills: the chaos run of issue 19.
+
+Every ``--kill-every`` seconds one part picked at random (a collector, a gradient worker or
+the replay server) is killed with ``ray.kill`` (tests/conftest.py ``ray_scheme_killing``);
+``--kill-every 0`` is the undisturbed run. Every ``--sample-every`` seconds it records the
+resident memory of the learner and of every process of its Ray session (the learner's
+descendants: raylet, GCS, workers) and the object store's use (Ray's memory summary).
+Writes one JSON with the periodic evaluations, the held-out evaluation (20 episodes,
+seed 123), the kills, the restarts and the memory samples.
+
+    python benchmarks/chaos_apex.py --seed 0 --steps 60000 --kill-every 60 --out chaos.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def memory_sample(t0: float) -> dict:
+    import psutil
+    import ray
+
+    me = psutil.Process(os.getpid())
+    procs = {}
+    for p in [me] + me.children(recursive=True):
+        try:
+            name = " ".join(p.cmdline())[:60] or p.name()
+            procs[p.pid] = (name, p.memory_info().rss)
+        except psutil.Error:
+            pass
+    store = None
+    if ray.is_initialized():
+        try:
+            from ray._private.internal_api import memory_summary
+
+            # this run's cluster (without an address Ray picks the newest one on the machine)
+            text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
+            m = re.search(r"Plasma memory usage (\d+(?:\.\d+)?) MiB", text)
+            store = float(m.group(1)) if m else None
+        except Exception:  # noqa: BLE001 - a sample missed during a restart
+            pass
+    workers = sum(r for pid, (_, r) in procs.items() if pid != me.pid)
+    return {"t": round(time.time() - t0, 1), "learner_mb": round(procs[me.pid][1] / 2**20, 1),
+            "ray_processes_mb": round(workers / 2**20, 1), "ray_processes": len(procs) - 1,
+            "object_store_mb": store}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=60_000)
+    ap.add_argument("--kill-every", type=float, default=60.0)
+    ap.add_argument("--sample-every", type=float, default=30.0)
+    ap.add_argument("--grad-workers", type=int, default=2, help="1: no gradient workers to kill (faster)")
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    import corral
+    from conftest import ray_scheme_killing
+    from corral.schemes.ray_scheme import RayScheme
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config, new_run_dir
+
+    over = {"scheme.collectors": 2, "scheme.grad_workers": a.grad_workers, "checkpoint.every": 5000, "eval.every": 5000,
+            "eval.episodes": 10, "tensorboard": False, "progress": False}
+    cfg = build_config("apex_dqn", "CartPole-v1", steps=a.steps, seed=a.seed, overrides=over)
+    cfg.scheme.max_restarts = cfg.scheme.max_replay_restarts = cfg.scheme.max_grad_restarts = 1000
+    L = Learner(cfg, new_run_dir(cfg, a.run_dir), quiet=True)
+    import ray
+
+    ray.init(address="local", num_cpus=3 + (a.grad_workers if a.grad_workers > 1 else 0), include_dashboard=False, logging_level="WARNING")  # as the scheme would size it
+    if a.kill_every > 0:
+        scheme, killed = ray_scheme_killing(L, ray, "chaos", after=a.kill_every, times=10**6, index=a.seed)
+    else:
+        scheme, killed = RayScheme(L), []
+        L.make_stream = scheme.stream
+    t0 = time.time()
+    samples, done = [], threading.Event()
+
+    def sample():  # written as it goes, so a run stopped early still leaves its curve
+        while not done.wait(a.sample_every):
+            samples.append(memory_sample(t0))
+            Path(a.out + ".partial").write_text(json.dumps({"kills": killed, "memory": samples}))
+
+    threading.Thread(target=sample, daemon=True).start()
+    summary = L.train()
+    done.set()
+    wall = time.time() - t0
+    rows = [json.loads(line) for line in (Path(L.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    evals = [(r["step"], r["eval_return"]) for r in rows if "eval_return" in r]
+    held = corral.evaluate(corral.load(L.run_dir), "CartPole-v1", episodes=20, seed=123)["mean_return"]
+    out = {"seed": a.seed, "steps": summary["env_steps"], "kill_every_s": a.kill_every, "wall_s": round(wall, 1),
+           "kills": killed, "restarts": {"collector": scheme.restarts, "grad": scheme.grad_restarts,
+                                         "replay": scheme.replay_restarts},
+           "replay_lost_transitions": scheme.replay_lost, "held_out": held, "evals": evals, "memory": samples,
+           "loadavg_end": os.getloadavg()}
+    Path(a.out).write_text(json.dumps(out, indent=1))
+    print(json.dumps({k: v for k, v in out.items() if k not in ("memory", "evals")}))
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
