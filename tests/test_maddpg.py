@@ -121,9 +121,9 @@ def test_straight_through_gumbel_softmax_is_one_hot_forward_and_the_soft_gradien
     assert torch.allclose(grad, logits.grad) and grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("algo,env", [("maddpg", LEAVING), ("matd3", TARGETS)])
-def test_critic_loss_moves_only_the_critic_and_actor_loss_only_the_actor(algo, env):
-    lr = learner(algo, env, steps=60)
+@pytest.mark.parametrize("algo,env,sets", [("maddpg", LEAVING, ()), ("matd3", TARGETS, ["matd3.shared_actor=false"])])
+def test_critic_loss_moves_only_the_critic_and_actor_loss_only_the_actor(algo, env, sets):
+    lr = learner(algo, env, steps=60, sets=sets)
     lr.train()
     a = lr.algo
     a.grad_steps = 1  # matd3: the next step is an actor step
@@ -157,8 +157,9 @@ def test_matd3_updates_the_actor_and_targets_every_second_step():
     assert moved == [False, True, False, True]
 
 
-def test_absent_agents_add_nothing_to_either_loss():
-    lr = learner(steps=100)
+@pytest.mark.parametrize("critic_input", ["state", "observations"])
+def test_absent_agents_add_nothing_to_either_loss(critic_input):
+    lr = learner(steps=100, sets=[f"maddpg.critic_input={critic_input}"])
     lr.train()
     algo = lr.algo
     L = algo.layout
@@ -244,8 +245,9 @@ def test_matd3_learns_the_leaving_game_with_gumbel_softmax():
 @pytest.mark.parametrize("algo", ["maddpg", "matd3"])
 def test_beats_a_random_team_on_simple_spread(algo):
     """MPE simple_spread (3 agents, continuous actions), the preset at 300k env steps, seed 0: the
-    deterministic team return over 20 episodes beats a random team's -27.05 (docs/results.md) by 3."""
+    deterministic team return over 20 episodes beats a uniformly random continuous team's
+    -25.26 +- 0.62 (docs/results.md) by 3."""
     pytest.importorskip("mpe2")
     cfg = build_config(algo, "mpe:simple_spread_v3", steps=300_000, seed=0, sets=QUIET)
     summary = Learner(cfg, None).train()
-    assert summary["eval_return"] >= -24.0, summary["eval"]
+    assert summary["eval_return"] >= -22.0, summary["eval"]
