@@ -68,3 +68,61 @@ class LeavingEnv(ParallelEnv):
         self.t, self.noise = int(state["t"]), float(state["noise"])
         self.agents = [a for a, on in zip(self.possible_agents, state["agents"]) if on]
         self.rng.bit_generator.state = state["rng"]
+
+
+class TargetsEnv(ParallelEnv):
+    """Two agents with Box actions in [-1, 1]: each sees a target ``c_j`` (redrawn every step)
+    and is paid ``-|a_j - c_j|``; the team reward is their mean, episodes are truncated after
+    ``horizon`` steps. A uniformly random team's return is ``-2/3 * horizon`` in expectation,
+    a perfect one's 0. No ``state()``: the global state is the observations concatenated."""
+
+    metadata = {"name": "targets_v0"}
+
+    def __init__(self, horizon: int = 5):
+        self.possible_agents = ["agent_0", "agent_1"]
+        self.agents: list[str] = []
+        self.horizon = horizon
+        self.t = 0
+        self.rng = np.random.default_rng(0)
+        self.targets = np.zeros(2, np.float32)
+
+    def observation_space(self, agent):
+        return spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def _obs(self):
+        return {a: np.array([self.targets[j], self.t / self.horizon], np.float32)
+                for j, a in enumerate(self.possible_agents) if a in self.agents}
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.t = 0
+        self.targets = self.rng.uniform(-1, 1, 2).astype(np.float32)
+        self.agents = list(self.possible_agents)
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        rewards = {a: -abs(float(np.asarray(actions[a]).reshape(-1)[0]) - float(self.targets[j]))
+                   for j, a in enumerate(self.possible_agents)}
+        self.t += 1
+        self.targets = self.rng.uniform(-1, 1, 2).astype(np.float32)
+        obs = self._obs()
+        done = self.t >= self.horizon
+        terms = {a: False for a in self.agents}
+        truncs = {a: done for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        if done:
+            self.agents = []
+        return obs, rewards, terms, truncs, infos
+
+    def corral_state(self):
+        return {"t": self.t, "targets": self.targets.tolist(), "live": bool(self.agents),
+                "rng": self.rng.bit_generator.state}
+
+    def corral_load_state(self, state):
+        self.t, self.targets = int(state["t"]), np.array(state["targets"], np.float32)
+        self.agents = list(self.possible_agents) if state["live"] else []
+        self.rng.bit_generator.state = state["rng"]

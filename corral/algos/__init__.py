@@ -15,6 +15,7 @@ from corral.algos.crossq import CrossQ
 from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.mdqn import MunchausenDQN
 from corral.algos.mappo import MAPPO
+from corral.algos.maddpg import MADDPG, MATD3_OVERRIDES
 from corral.algos.qmix import QMIX
 from corral.algos.ngu import NGU, Agent57
 from corral.algos.impala import IMPALA
@@ -96,6 +97,10 @@ ALGOS: dict[str, AlgoSpec] = {
                      "double-Q targets (PettingZoo / MPE envs, discrete)"),
     "vdn": AlgoSpec(QMIX, {"mixer": "vdn"}, "VDN: per-agent Q summed into the team's value (PettingZoo / MPE envs, "
                     "discrete)"),
+    "maddpg": AlgoSpec(MADDPG, help="MADDPG: decentralised deterministic actors, a centralised critic on the state and "
+                       "all agents' actions; Gumbel-softmax for discrete actions (PettingZoo / MPE envs)"),
+    "matd3": AlgoSpec(MADDPG, MATD3_OVERRIDES, "MATD3: MADDPG with twin centralised critics (min target), target "
+                      "smoothing and delayed actor updates (PettingZoo / MPE envs)"),
 }
 
 
