@@ -27,8 +27,8 @@ extrinsic return.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, replace
+from typing import Literal, NamedTuple
 
 import gymnasium as gym
 import torch
@@ -73,6 +73,11 @@ class NGUConfig(R2D2Config):
     rnd_hidden: tuple[int, ...] = option((64, 64), "RND's hidden layer sizes (flat observations)", ge=1)
     rnd_features: int = option(64, "RND's output width", ge=1)
     rnd_lr: float = option(5e-4, "Adam learning rate of RND's predictor", gt=0)
+    train_mixture: Literal["actor", "random"] = option(
+        "actor", "the mixture j each replayed sequence is trained for: actor (the paper: the one that collected it) "
+                 "or random (drawn per sequence at the learner, uniform over the N: Q-learning is off-policy and "
+                 "r_e + beta_j r_i is known for every j, so mixture 0 also learns from the exploratory mixtures' "
+                 "sequences)")
 
     def sequence_dims(self) -> tuple[int, int]:
         return super().sequence_dims()[0], 4
@@ -242,7 +247,18 @@ class NGU(R2D2):
         beta = self.betas[batch.aux[..., MIXTURE].long()]  # [B, S]
         return self.mixed_targets(batch, batch.reward + beta * self.next_intrinsic(batch), q_online_next, q_target)
 
+    def relabel_mixtures(self, batch):
+        """``batch`` with each sequence's mixture ``j`` drawn uniformly at the learner (the
+        ``minibatch`` stream), for ``train_mixture=random``; the rest of the batch as it is."""
+        j = torch.randint(self.cfg.num_mixtures, (batch.aux.shape[0], 1), generator=self.rng["minibatch"],
+                          device=self.device)
+        aux = batch.aux.clone()
+        aux[..., MIXTURE] = j.float()
+        return replace(batch, aux=aux)
+
     def train_step(self, batch, shared=None):
+        if self.cfg.train_mixture == "random":
+            batch = self.relabel_mixtures(batch)
         if self.cfg.lifelong:  # RND's observation statistics follow what the learner trains on
             self.rnd.update_obs_norm(batch.obs.flatten(0, 1))
         return super().train_step(batch, shared)
