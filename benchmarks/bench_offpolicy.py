@@ -68,12 +68,13 @@ def eval_policy(act, env_id, episodes=10, seed=1000):
     return float(np.mean(rets))
 
 
-def run_corral(algo, seed):
+def run_corral(algo, seed, steps=None):
     import corral
     from corral.train.learner import Learner
     from corral.train.setup import build_config
 
-    env_id, steps, _ = PRESETS[algo]
+    env_id, preset_steps, _ = PRESETS[algo]
+    steps = steps or preset_steps
     cfg = build_config(algo, env_id, steps=steps, seed=seed,
                        sets=["progress=false", "eval.episodes=0", "tensorboard=false",
                              f"threads={torch.get_num_threads()}"])
@@ -85,11 +86,12 @@ def run_corral(algo, seed):
     return summary["train_seconds"], cpu, eval_policy(lambda o: agent.act(o), env_id)
 
 
-def run_sb3(algo, seed):
+def run_sb3(algo, seed, steps=None):
     import stable_baselines3 as sb3
     from stable_baselines3.common.noise import NormalActionNoise
 
-    env_id, steps, kwargs = PRESETS[algo]
+    env_id, preset_steps, kwargs = PRESETS[algo]
+    steps = steps or preset_steps
     kwargs = dict(kwargs)
     if algo == "td3":
         kwargs["action_noise"] = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
@@ -169,9 +171,9 @@ def per_step(args):
 
     import sb3_contrib
 
-    grad_steps = {"dqn": 128, "sac": 100, "tqc": 50, "crossq": 50, "redq": 20}
-    classes = {"dqn": sb3.DQN, "sac": sb3.SAC, "tqc": sb3_contrib.TQC, "crossq": sb3_contrib.CrossQ,
-               "redq": None}  # REDQ: no SB3 / sb3-contrib counterpart; SB3's SAC step at the same shapes
+    grad_steps = {"dqn": 128, "qrdqn": 128, "sac": 100, "tqc": 50, "crossq": 50, "redq": 20, "droq": 20}
+    classes = {"dqn": sb3.DQN, "qrdqn": sb3_contrib.QRDQN, "sac": sb3.SAC, "tqc": sb3_contrib.TQC,
+               "crossq": sb3_contrib.CrossQ, "redq": None, "droq": None}  # REDQ: no SB3 / sb3-contrib counterpart; SB3's SAC step at the same shapes
     for algo in args.algos:
         env_id, _, kwargs = PRESETS.get(algo, PRESETS["sac"])
         G = grad_steps[algo]
@@ -223,6 +225,8 @@ def main():
     p.add_argument("--threads", type=int, default=1, help="torch threads, both libraries")
     p.add_argument("--repeats", type=int, default=7, help="--per-step: interleaved repeats")
     p.add_argument("--fill", type=int, default=3000, help="--per-step: env steps collected before timing")
+    p.add_argument("--steps", type=int, default=None,
+                   help="whole runs: env steps for both libraries instead of the preset's (a shorter timing run)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if args.per_step:
@@ -237,12 +241,12 @@ def main():
                 for lib in order:
                     if lib == "sb3" and args.skip_sb3:
                         continue
-                    wall, cpu, ret = (run_corral if lib == "corral" else run_sb3)(algo, seed)
+                    wall, cpu, ret = (run_corral if lib == "corral" else run_sb3)(algo, seed, args.steps)
                     runs[lib].append((wall, cpu, ret))
                     print(json.dumps({"algo": algo, "seed": seed, "round": r, "lib": lib, "wall_s": round(wall, 1),
                                       "cpu_s": round(cpu, 1), "eval": round(ret, 1),
                                       "loadavg": [round(x, 2) for x in os.getloadavg()]}), flush=True)
-            row = {"algo": algo, "seed": seed, "rounds": args.rounds}
+            row = {"algo": algo, "seed": seed, "rounds": args.rounds, "steps": args.steps or PRESETS[algo][1]}
             for lib, rs in runs.items():
                 if rs:
                     row[f"{lib}_wall_s"] = round(float(np.median([x[0] for x in rs])), 1)

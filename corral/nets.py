@@ -51,6 +51,7 @@ class MLP(nn.Sequential):
         # loop of F.linear, about a third less Python time than a module call per layer. The
         # Parameters are the modules' own objects, so .to(), load_state_dict(), FlatAdam's
         # views and deepcopy (the memo maps them to the copy's) all keep them in step.
+        self.act_name = act
         self._plan = []
         for m in self:
             if isinstance(m, nn.Linear):
@@ -64,6 +65,56 @@ class MLP(nn.Sequential):
             if act is not None:
                 x = act(x)
         return x
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward``'s values as one autograd node (``_MLPFunction``) when gradients flow
+        and the activation is relu or tanh; otherwise ``forward``."""
+        if self.act_name not in ("relu", "tanh") or not torch.is_grad_enabled() or x.dim() != 2:
+            return self(x)
+        params = [t for w, b, _ in self._plan for t in (w, b)]
+        if not (x.requires_grad or any(p.requires_grad for p in params)):
+            return self(x)
+        acts = [act is not None for _, _, act in self._plan]
+        return _MLPFunction.apply(x, self.act_name, acts, *params)
+
+
+class _MLPFunction(torch.autograd.Function):
+    """``MLP.forward`` for 2-d inputs written out with its backward: one autograd node
+    instead of two per layer (a SAC actor's step spends as much in autograd's bookkeeping
+    as in its small matmuls). The forward is ``forward``'s ops (the same values bit for
+    bit); ``tests/test_nets.py`` checks the gradients against plain autograd."""
+
+    @staticmethod
+    def forward(ctx, x, act_name, acts, *params):
+        act = torch.relu_ if act_name == "relu" else torch.tanh_
+        h, inputs = x, []
+        for i, after in enumerate(acts):
+            inputs.append(h)
+            h = torch.addmm(params[2 * i + 1], h, params[2 * i].t())
+            if after:
+                h = act(h)
+        ctx.act_name, ctx.acts = act_name, acts
+        ctx.save_for_backward(*params, *inputs, h)
+        return h
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved, n = ctx.saved_tensors, len(ctx.acts)
+        params, inputs, out = saved[:2 * n], saved[2 * n:-1], saved[-1]
+        outputs = [*inputs[1:], out]
+        grads = [None] * (2 * n)
+        g = grad
+        for i in reversed(range(n)):
+            if ctx.acts[i]:
+                g = (torch.ops.aten.threshold_backward(g, outputs[i], 0) if ctx.act_name == "relu"
+                     else torch.ops.aten.tanh_backward(g, outputs[i]))
+            if ctx.needs_input_grad[3 + 2 * i]:
+                grads[2 * i] = g.t().mm(inputs[i])
+            if ctx.needs_input_grad[4 + 2 * i]:
+                grads[2 * i + 1] = g.sum(0)
+            if i > 0 or ctx.needs_input_grad[0]:
+                g = g.mm(params[2 * i])
+        return (g if ctx.needs_input_grad[0] else None, None, None, *grads)
 
 
 def is_image_space(space) -> bool:

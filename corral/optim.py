@@ -77,17 +77,24 @@ class FlatAdam:
     @torch.no_grad()
     def step(self) -> torch.Tensor | None:
         """Clip (if configured) and apply one Adam step; returns the pre-clip grad norm."""
-        norm = self.clip_grad_norm()
-        self.steps += 1
         b1, b2 = self.betas
         if _FUSED:
             # PyTorch's fused Adam kernel (what torch.optim.Adam(fused=True) calls): the same
-            # update in one pass over the flat buffers instead of about six.
+            # update in one pass over the flat buffers instead of about six. Clipping rides in
+            # it as the kernel's gradient divisor (grad / max(1, norm / max_norm), written back
+            # to ``self.grad`` by the kernel, as a clip would leave it): no pass of its own.
+            norm = scale = None
+            if self.max_grad_norm is not None:
+                norm = self.grad.norm()
+                scale = ((norm + 1e-6) / self.max_grad_norm).clamp_(min=1.0)
+            self.steps += 1
             self._step_t.fill_(self.steps)
             torch._fused_adam_([self.flat], [self.grad], [self.exp_avg], [self.exp_avg_sq], [], [self._step_t],
                                lr=self.lr, beta1=b1, beta2=b2, weight_decay=0.0, eps=self.eps,
-                               amsgrad=False, maximize=False)
+                               amsgrad=False, maximize=False, grad_scale=scale)
             return norm
+        norm = self.clip_grad_norm()
+        self.steps += 1
         self.exp_avg.lerp_(self.grad, 1.0 - b1)
         self.exp_avg_sq.mul_(b2).addcmul_(self.grad, self.grad, value=1.0 - b2)
         bias1 = 1.0 - b1**self.steps

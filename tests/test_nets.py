@@ -89,3 +89,27 @@ def test_mlp_forward_is_its_layers_in_order_and_survives_deepcopy():
         twin[0].weight.add_(1.0)  # the copy's forward must use the copy's parameters
     assert torch.equal(twin(x), torch.nn.Sequential.forward(twin, x))
     assert not torch.equal(twin(x), net(x))
+
+
+@pytest.mark.parametrize("act", ["tanh", "relu"])
+@pytest.mark.parametrize("out_dim", [3, None])
+def test_mlp_fused_gives_forwards_values_and_autograds_gradients(act, out_dim):
+    from corral.nets import MLP
+
+    torch.manual_seed(4)
+    net = MLP(5, (16, 8), act, out_dim=out_dim).double()
+    x = torch.randn(32, 5, dtype=torch.double, requires_grad=True)
+    upstream = torch.randn(32, out_dim or 8, dtype=torch.double)
+    out, ref = net.fused(x), net(x)
+    assert out.grad_fn is not None and type(out.grad_fn).__name__ == "_MLPFunctionBackward"
+    assert torch.equal(out, ref)  # the same ops forward: bit for bit
+    grads = torch.autograd.grad((out * upstream).sum(), [x, *net.parameters()])
+    ref_grads = torch.autograd.grad((ref * upstream).sum(), [x, *net.parameters()])
+    for g, r in zip(grads, ref_grads):
+        assert g.shape == r.shape and torch.allclose(g, r, atol=1e-10), (g - r).abs().max()
+    # frozen weights: only the input's gradient is formed; no gradients at all: plain forward
+    for p in net.parameters():
+        p.requires_grad_(False)
+    (gx,) = torch.autograd.grad((net.fused(x) * upstream).sum(), [x])
+    assert torch.allclose(gx, ref_grads[0], atol=1e-10)
+    assert net.fused(x.detach()).grad_fn is None

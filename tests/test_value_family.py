@@ -378,3 +378,23 @@ def test_reaches_475_on_cartpole_within_50k_steps(tmp_path, algo_name):
     agent = corral.load(tmp_path / "run")  # its best.pt
     assert agent.cfg.steps <= 50_000
     assert corral.evaluate(agent, "CartPole-v1", episodes=20, seed=123)["mean_return"] >= 475
+
+
+def test_fused_quantile_huber_matches_the_formula_for_qrdqn_and_iqn_shapes():
+    # QuantileHuber (the losses' fused form) against quantile_huber_loss: QR-DQN's shared
+    # fractions (one chunk of 64 rows), IQN's per-row fractions, several chunks
+    from corral.algos.distributional import QuantileHuber
+
+    g = torch.Generator().manual_seed(0)
+    for B, N, M, per_row in ((64, 10, 10, False), (40, 64, 64, True), (300, 12, 9, False)):
+        pred = torch.randn(B, N, generator=g, dtype=torch.double) * 3
+        target = torch.randn(B, M, generator=g, dtype=torch.double) * 3
+        taus = torch.rand(B, N, generator=g, dtype=torch.double) if per_row else torch.rand(N, generator=g, dtype=torch.double)
+        up = torch.rand(B, generator=g, dtype=torch.double)
+        for kappa in (1.0, 0.3):
+            p1, p2 = pred.clone().requires_grad_(), pred.clone().requires_grad_()
+            l1, l2 = QuantileHuber.apply(p1, target, taus, kappa), quantile_huber_loss(p2, target, taus, kappa)
+            assert torch.allclose(l1, l2, atol=1e-10)
+            (l1 * up).sum().backward()
+            (l2 * up).sum().backward()
+            assert torch.allclose(p1.grad, p2.grad, atol=1e-10)

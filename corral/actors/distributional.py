@@ -29,6 +29,11 @@ def _stack(in_dim: int, hidden, act: str, out_dim: int | None, noisy: bool, sigm
     return MLP(in_dim, hidden, act, out_dim=out_dim)
 
 
+def _run(stack: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A stack's forward; a plain MLP's as one autograd node when gradients flow (``MLP.fused``)."""
+    return stack.fused(x) if isinstance(stack, MLP) else stack(x)
+
+
 class ZNetwork(nn.Module):
     """Encoder, torso and a (dueling) head with ``K`` outputs per action: ``[B, A, K]``."""
 
@@ -46,14 +51,14 @@ class ZNetwork(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Torso features ``[..., d]`` -> ``[..., A, K]``."""
-        adv = self.adv(h).unflatten(-1, (self.n, self.k))
+        adv = _run(self.adv, h).unflatten(-1, (self.n, self.k))
         if self.value is None:
             return adv
         return self.value(h).unsqueeze(-2) + adv - adv.mean(-2, keepdim=True)
 
     def out(self, obs: torch.Tensor, norm: RunningNormalizer | None = None) -> torch.Tensor:
         """Raw outputs ``[B, A, K]`` from raw observations (``norm``: see ``ObsEncoder.forward``)."""
-        return self.head(self.torso(self.enc(obs, norm)))
+        return self.head(_run(self.torso, self.enc(obs, norm)))
 
     def expectation(self, out: torch.Tensor) -> torch.Tensor:
         """``[..., A, K]`` outputs -> ``[..., A]`` Q-values."""
