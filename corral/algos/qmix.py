@@ -39,7 +39,7 @@ from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.envs.multiagent import AgentLayout, agent_layout
 from corral.errors import UserError
-from corral.algos.r2d2 import RecurrentAction, nstep_sequence_targets
+from corral.algos.r2d2 import RecurrentAction, SequenceState, nstep_sequence_targets
 from corral.algos.recurrent import RecurrentColumns
 from corral.algos.base import Step
 from corral.nets import MLP, RecurrentCore, layer_init
@@ -78,6 +78,12 @@ class QMIXConfig(OffPolicyConfig):
     burn_in: int = option(0, "recurrent: steps before them that only warm up the GRU (no gradient)", ge=0)
     seq_period: int | None = option(None, "recurrent: steps between the starts of consecutive sequences of an env "
                                           "(None: seq_len)", ge=1)
+
+
+def random_valid_action(action_mask: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A uniformly random valid action per agent (the exponential race over the valid ones)."""
+    e = torch.empty(action_mask.shape, device=action_mask.device).exponential_(generator=generator)
+    return (-e.log_()).masked_fill(~action_mask, float("-inf")).argmax(-1)
 
 
 class AgentQ(nn.Module):
@@ -192,9 +198,7 @@ class QMIX(OffPolicy):
     def explore(self, obs):
         view = self.layout.split(obs)
         g = self.rng["noise"]
-        # a uniformly random valid action per agent (the exponential race over the valid ones)
-        e = torch.empty(view.action_mask.shape, device=self.device).exponential_(generator=g)
-        random_action = (-e.log_()).masked_fill(~view.action_mask, float("-inf")).argmax(-1)
+        random_action = random_valid_action(view.action_mask, g)
         explore_mask = torch.rand(random_action.shape, generator=g, device=self.device) < self.epsilon
         action = random_action if bool(explore_mask.all()) else \
             torch.where(explore_mask, random_action, self.actor.q(obs).argmax(-1))
@@ -294,7 +298,7 @@ class RecurrentAgentQ(nn.Module):
         return q.argmax(-1), state
 
 
-class RecurrentQMIX(RecurrentColumns, QMIX):
+class RecurrentQMIX(SequenceState, RecurrentColumns, QMIX):
     """QMIX / VDN with GRU agents, on R2D2's sequence replay (``corral.storage.sequence``).
 
     Each env column is cut into sequences of ``burn_in + seq_len + n_step`` steps stored with
@@ -356,8 +360,7 @@ class RecurrentQMIX(RecurrentColumns, QMIX):
     def explore(self, obs):
         view = self.layout.split(obs)
         g = self.rng["noise"]
-        e = torch.empty(view.action_mask.shape, device=self.device).exponential_(generator=g)
-        random_action = (-e.log_()).masked_fill(~view.action_mask, float("-inf")).argmax(-1)
+        random_action = random_valid_action(view.action_mask, g)
         explore_mask = torch.rand(random_action.shape, generator=g, device=self.device) < self.epsilon
         q, state = self.actor.q_step(obs, self._state, self._starts)  # always: the state moves on
         action = torch.where(explore_mask, random_action, q.argmax(-1))
@@ -426,15 +429,3 @@ class RecurrentQMIX(RecurrentColumns, QMIX):
                  "target_mean": (target * mask).sum() / mask.sum().clamp(min=1.0)}
         return stats, (abs_td.amax(1) if cfg.prioritized else None)
 
-    # --- state
-    def extra_state(self):
-        state = {**super().extra_state(), **self.columns_state()}
-        if self.window is not None:
-            state["window"] = self.window.state_dict()
-        return state
-
-    def load_extra_state(self, state):
-        super().load_extra_state(state)
-        self.load_columns_state(state)
-        if self.window is not None and "window" in state:
-            self.window.load_state_dict(state["window"])

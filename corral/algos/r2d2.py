@@ -132,7 +132,24 @@ class RecurrentAction(NamedTuple):
     start: torch.Tensor  # [N] bool: this step's observation starts an episode
 
 
-class R2D2(RecurrentColumns, ApexMixin, DQN):
+class SequenceState:
+    """Checkpoint state of a recurrent replay algorithm (R2D2, recurrent QMIX): the columns'
+    recurrent state and the sequence window of unfinished sequences, beside the base's."""
+
+    def extra_state(self):
+        state = {**super().extra_state(), **self.columns_state()}
+        if self.window is not None:
+            state["window"] = self.window.state_dict()
+        return state
+
+    def load_extra_state(self, state):
+        super().load_extra_state(state)
+        self.load_columns_state(state)
+        if self.window is not None and "window" in state:
+            self.window.load_state_dict(state["window"])
+
+
+class R2D2(SequenceState, RecurrentColumns, ApexMixin, DQN):
     name = "r2d2"
     Config = R2D2Config
     replay_items = "sequences"  # with collectors, a SequenceReplayServer cuts their fragments
@@ -274,16 +291,4 @@ class R2D2(RecurrentColumns, ApexMixin, DQN):
         q_mean = (q.detach() * mask).sum() / mask.sum().clamp(min=1.0)
         return per_seq, td.detach().abs() * mask, mask, q_mean
 
-    # --- state
-    def extra_state(self):
-        state = {**super().extra_state(), **self.columns_state()}
-        if self.window is not None:
-            state["window"] = self.window.state_dict()
-        return state
-
-    def load_extra_state(self, state):
-        super().load_extra_state(state)
-        self.load_columns_state(state)
-        if self.window is not None and "window" in state:
-            self.window.load_state_dict(state["window"])
 
