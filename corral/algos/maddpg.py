@@ -48,7 +48,7 @@ from corral.algos.mappo import act_dict
 from corral.algos.offpolicy import OffPolicy
 from corral.algos.td3 import TD3, TD3Config
 from corral.config import option
-from corral.envs.multiagent import AgentLayout, AgentView, agent_layout
+from corral.envs.multiagent import AgentLayout, AgentView, require_layout
 from corral.errors import UserError
 from corral.nets import MLP, ParallelMLP
 
@@ -167,10 +167,7 @@ class MADDPG(OffPolicy):
     optimizers = ("actor_opt", "critic_opt")
 
     def __init__(self, cfg: MADDPGConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
-        layout = agent_layout(obs_space)
-        if layout is None:
-            raise UserError(f"{type(self).name} needs a multi-agent env (mpe:NAME, pettingzoo:family.name, or a "
-                            "module:callable returning a PettingZoo env)")
+        layout = require_layout(type(self).name, obs_space)
         if cfg.normalize_obs:
             raise UserError(f"{type(self).name}.normalize_obs is not built for multi-agent networks; leave it false")
         self.layout = layout

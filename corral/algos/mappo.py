@@ -31,7 +31,7 @@ from corral.actors.multiagent import MultiAgentActorCritic
 from corral.algos.ppo import PPO, PPOBatch, PPOConfig, PPOExtras, normalized, ppo_loss
 from corral.algos.base import Step
 from corral.config import option
-from corral.envs.multiagent import agent_layout
+from corral.envs.multiagent import require_layout
 from corral.errors import UserError
 from corral.returns import gae, rollout_next_values
 
@@ -64,10 +64,7 @@ class MAPPO(PPO):
     multi_agent_collectors = True  # collectors' fragments carry Step.agents; observe marks their boundaries
 
     def __init__(self, cfg: MAPPOConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
-        layout = agent_layout(obs_space)
-        if layout is None:
-            raise UserError(f"{type(self).name} needs a multi-agent env (mpe:NAME, pettingzoo:family.name, or a "
-                            "module:callable returning a PettingZoo env)")
+        layout = require_layout(type(self).name, obs_space)
         for key in ("normalize_obs", "features"):
             if getattr(cfg, key):
                 raise UserError(f"{type(self).name}.{key} is not built for multi-agent actors; leave it unset")

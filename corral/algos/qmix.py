@@ -37,7 +37,7 @@ from corral.algos.base import Action
 from corral.algos.mappo import act_dict
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
 from corral.config import option
-from corral.envs.multiagent import AgentLayout, agent_layout
+from corral.envs.multiagent import AgentLayout, agent_layout, require_layout
 from corral.errors import UserError
 from corral.algos.r2d2 import RecurrentAction, SequenceState, nstep_sequence_targets
 from corral.algos.recurrent import RecurrentColumns
@@ -160,10 +160,7 @@ class QMIX(OffPolicy):
     optimizers = ("optimizer",)
 
     def __init__(self, cfg: QMIXConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
-        layout = agent_layout(obs_space)
-        if layout is None:
-            raise UserError(f"{type(self).name} needs a multi-agent env (mpe:NAME, pettingzoo:family.name, or a "
-                            "module:callable returning a PettingZoo env)")
+        layout = require_layout(type(self).name, obs_space)
         if not layout.discrete:
             raise UserError(f"{type(self).name} needs Discrete actions; the env's agents have Box actions "
                             "(mpe envs: env.kwargs.continuous_actions=false)")

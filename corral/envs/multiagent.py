@@ -165,6 +165,16 @@ def agent_layout(space: gym.Space) -> AgentLayout | None:
     return getattr(space, "corral_agents", None)
 
 
+def require_layout(algo: str, space: gym.Space) -> AgentLayout:
+    """The layout of a multi-agent observation space; a :class:`UserError` naming ``algo``
+    for any other space."""
+    layout = agent_layout(space)
+    if layout is None:
+        raise UserError(f"{algo} needs a multi-agent env (mpe:NAME, pettingzoo:family.name, or a "
+                        "module:callable returning a PettingZoo env)")
+    return layout
+
+
 def is_multiagent_space(space: gym.Space) -> bool:
     return agent_layout(space) is not None
 
