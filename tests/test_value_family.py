@@ -67,6 +67,19 @@ def test_projection_after_termination_and_truncation():
     assert torch.allclose(out[1], expect)
 
 
+def test_projection_keeps_end_targets_on_the_support_where_rounding_overshoots():
+    """On 51 atoms over [-5, 100], (v_max - v_min) / dz rounds to 50.000004 in float32, whose
+    ceil indexes past the last atom (an index error on CPU, a device-side assert on CUDA,
+    where the division by K - 1 does the same on [-10, 10]). Ends keep all their mass."""
+    support = torch.linspace(-5, 100, 51)
+    dz = (support[-1] - support[0]) / 50
+    assert (support[-1] - support[0]) / dz > 50  # the rounding this guards against
+    probs = torch.full((3, 51), 1 / 51)
+    out = categorical_projection(probs, torch.tensor([100.0, 500.0, -50.0]), torch.zeros(3), support)
+    assert out[0, -1] == out[0].sum() and out[1, -1] == out[1].sum() and out[2, 0] == out[2].sum()
+    assert torch.allclose(out.sum(-1), torch.ones(3))
+
+
 def test_projection_conserves_mass_exactly_on_random_targets():
     g = torch.Generator().manual_seed(0)
     support = torch.linspace(-10, 10, 51)

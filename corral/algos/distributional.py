@@ -39,7 +39,10 @@ def categorical_projection(next_probs: torch.Tensor, reward: torch.Tensor, disco
     v_min, v_max = support[0], support[-1]
     dz = (v_max - v_min) / (K - 1)
     tz = (reward.unsqueeze(-1) + discount.unsqueeze(-1) * support).clamp(v_min, v_max)
-    b = (tz - v_min) / dz  # fractional atom index in [0, K - 1]
+    # Fractional atom index in [0, K - 1]. Clamped again: rounding can put an end target a hair
+    # outside (b = 50.000004 for 51 atoms on [-5, 100]; CUDA's division by K - 1 does it on
+    # [-10, 10]), and its ceil would then index past the last atom.
+    b = ((tz - v_min) / dz).clamp(0, K - 1)
     lower, upper = b.floor().long(), b.ceil().long()
     # on an atom, lower == upper: all the mass to it (the weights below would both be 0)
     w_lower = (upper.to(b.dtype) - b) + (lower == upper).to(b.dtype)
