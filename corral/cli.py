@@ -261,6 +261,10 @@ def _cmd_list(args) -> int:
                 if f.name in ("env", "eval", "checkpoint", "scheme", "log", "algo_cfg"):
                     continue
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                if prefix == args.options + ".":
+                    default = spec.overrides.get(f.name, default)  # a variant's own values (rainbow: n_step 3)
+                elif prefix == "" and f.name == "algo":
+                    default = args.options
                 print(f"  {prefix + f.name:28s} {str(default):14s} {C.describe(f)}")
         return 0
     print("algorithms:")

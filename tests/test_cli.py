@@ -52,6 +52,17 @@ def test_eval_resume_plot_and_list_on_a_run(tmp_path, capsys):
     assert "ppo.gae_lambda" in out and "GAE lambda" in out
 
 
+def test_list_options_of_a_variant_shows_the_variants_own_defaults(capsys):
+    """`corral list --options rainbow` shows what a rainbow run uses (n_step 3, PER, noisy), not C51's."""
+    rc, out, _ = run(capsys, "list", "--options", "rainbow")
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.strip()}
+    assert rc == 0 and rows["algo"] == "rainbow"
+    assert rows["rainbow.n_step"] == "3" and rows["rainbow.prioritized"] == "True" and rows["rainbow.noisy"] == "True"
+    rc, out, _ = run(capsys, "list", "--options", "c51")
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.strip()}
+    assert rows["c51.n_step"] == "1" and rows["c51.noisy"] == "False"
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["train", "ppp", "CartPole-v1"], "unknown algorithm 'ppp'; did you mean ppo"),
     (["train", "ppo", "CartPol-v1"], "unknown env 'CartPol-v1'; did you mean CartPole-v1"),
