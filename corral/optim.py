@@ -14,6 +14,7 @@ Build it after the module is on its device: ``.to()`` would replace the views.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable
 
@@ -34,18 +35,35 @@ class FlatAdam:
         sizes = [p.numel() for p in self.params]
         self.flat = torch.cat([p.detach().reshape(-1) for p in self.params]).to(device, dtype)
         self.grad = torch.zeros_like(self.flat)
-        offset = 0
-        for p, n in zip(self.params, sizes):
-            p.data = self.flat[offset:offset + n].view_as(p)
-            # A defined .grad is accumulated into in place by backward(), so every
-            # gradient lands in self.grad.
-            p.grad = self.grad[offset:offset + n].view_as(p)
-            offset += n
+        self._bind()
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
         self._step_t = torch.zeros((), dtype=torch.float32, device=device)
         self.lr, self.betas, self.eps, self.max_grad_norm = lr, tuple(betas), eps, max_grad_norm
         self.steps = 0
+
+    def _bind(self) -> None:
+        """Make every parameter a view of ``flat`` and its ``.grad`` a view of ``grad``."""
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.data = self.flat[offset:offset + n].view_as(p)
+            # A defined .grad is accumulated into in place by backward(), so every
+            # gradient lands in self.grad.
+            p.grad = self.grad[offset:offset + n].view_as(p)
+            offset += n
+
+    def __deepcopy__(self, memo: dict) -> FlatAdam:
+        """A copy whose parameters (the copies ``memo`` holds, the same objects as the copied
+        module's) are views of the copy's own buffers. ``Parameter.__deepcopy__`` clones each
+        parameter's data on its own, so without this the copy's optimizer would step a buffer
+        that no parameter reads: a deep-copied algorithm would silently stop learning."""
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            setattr(new, k, copy.deepcopy(v, memo))
+        new._bind()
+        return new
 
     @property
     def param_groups(self) -> list[dict]:

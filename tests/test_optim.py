@@ -2,11 +2,12 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 
 import corral.optim
 
 from corral.nets import MLP, ParallelMLP
-from corral.optim import FlatAdam
+from corral.optim import FlatAdam, FlatRMSprop
 
 
 def make_pair(max_norm):
@@ -70,3 +71,25 @@ def test_schedules_can_set_the_learning_rate_through_param_groups():
     for group in opt.param_groups:
         group["lr"] = 5e-4
     assert opt.lr == 5e-4
+
+
+@pytest.mark.parametrize("cls", [FlatAdam, FlatRMSprop])
+def test_a_deep_copied_module_and_optimizer_learn_as_the_original_would(cls):
+    """deepcopy of an algorithm (its networks and flat optimizer together) gives a copy whose
+    steps move its own parameters, as the original's would, and leave the original alone."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+    holder = {"net": net, "opt": cls(net.parameters(), lr=0.05)}
+    twin = copy.deepcopy(holder)
+    x = torch.randn(16, 3)
+    start = [p.detach().clone() for p in net.parameters()]
+    for h in (twin, holder):
+        for _ in range(3):
+            h["opt"].zero_grad()
+            h["net"](x).square().mean().backward()
+            h["opt"].step()
+    moved = [p.detach() for p in twin["net"].parameters()]
+    assert all(not torch.equal(a, b) for a, b in zip(moved, start))  # the copy learned
+    assert all(torch.equal(a, b) for a, b in zip(moved, net.parameters()))  # as the original did
+    p = next(twin["net"].parameters())
+    assert p.data_ptr() == twin["opt"].flat.data_ptr() and p.data_ptr() != holder["opt"].flat.data_ptr()
