@@ -51,7 +51,10 @@ def memory_sample(t0: float) -> dict:
     workers = sum(r for pid, (_, r) in procs.items() if pid != me.pid)
     return {"t": round(time.time() - t0, 1), "learner_mb": round(procs[me.pid][1] / 2**20, 1),
             "ray_processes_mb": round(workers / 2**20, 1), "ray_processes": len(procs) - 1,
-            "object_store_mb": store}
+            "object_store_mb": store,
+            # each process by its title (Ray names an actor's process ray::<Class>): which one grows
+            "per_process_mb": sorted(((n, round(r / 2**20, 1)) for pid, (n, r) in procs.items() if pid != me.pid),
+                                     key=lambda x: -x[1])}
 
 
 def main() -> None:
@@ -61,6 +64,8 @@ def main() -> None:
     ap.add_argument("--kill-every", type=float, default=60.0)
     ap.add_argument("--sample-every", type=float, default=30.0)
     ap.add_argument("--grad-workers", type=int, default=2, help="1: no gradient workers to kill (faster)")
+    ap.add_argument("--max-minutes", type=float, default=0.0,
+                    help="stop training after this many minutes of wall time (0: no limit; the output says if it did)")
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -96,16 +101,29 @@ def main() -> None:
             Path(a.out + ".partial").write_text(json.dumps({"kills": killed, "memory": samples}))
 
     threading.Thread(target=sample, daemon=True).start()
-    summary = L.train()
+    class WallLimit:  # a hook: stop at the next update past the limit (the final eval and checkpoint still run)
+        hit = False
+
+        def __call__(self, learner, stats):
+            if a.max_minutes > 0 and time.time() - t0 > 60 * a.max_minutes:
+                learner.stop = WallLimit.hit = True
+
+        def close(self, learner):
+            pass
+
+    summary = L.train(hooks=[WallLimit()])
     done.set()
     wall = time.time() - t0
     rows = [json.loads(line) for line in (Path(L.run_dir) / "metrics.jsonl").read_text().splitlines()]
     evals = [(r["step"], r["eval_return"]) for r in rows if "eval_return" in r]
-    held = corral.evaluate(corral.load(L.run_dir), "CartPole-v1", episodes=20, seed=123)["mean_return"]
+    held = corral.evaluate(corral.load(L.run_dir), "CartPole-v1", episodes=20, seed=123)["mean_return"]  # best.pt
+    held_latest = corral.evaluate(corral.load(Path(L.run_dir) / "checkpoints" / "latest.pt"), "CartPole-v1",
+                                  episodes=20, seed=123)["mean_return"]  # the policy it ended with
     out = {"seed": a.seed, "steps": summary["env_steps"], "kill_every_s": a.kill_every, "wall_s": round(wall, 1),
-           "kills": killed, "restarts": {"collector": scheme.restarts, "grad": scheme.grad_restarts,
+           "stopped_at_wall_limit": WallLimit.hit, "kills": killed, "restarts": {"collector": scheme.restarts, "grad": scheme.grad_restarts,
                                          "replay": scheme.replay_restarts},
-           "replay_lost_transitions": scheme.replay_lost, "held_out": held, "evals": evals, "memory": samples,
+           "replay_lost_transitions": scheme.replay_lost, "held_out": held, "held_out_latest": held_latest,
+           "learner_cpu_s": round(time.process_time(), 1), "evals": evals, "memory": samples,
            "loadavg_end": os.getloadavg()}
     Path(a.out).write_text(json.dumps(out, indent=1))
     print(json.dumps({k: v for k, v in out.items() if k not in ("memory", "evals")}))

@@ -151,3 +151,50 @@ def test_a_driver_killed_mid_run_is_resumed_from_latest_on_the_same_cluster_and_
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("step", 0) for r in rows) >= 4096
     print(f"\ndriver killed at {at_kill} steps, resumed to 4096")
+
+
+@pytest.mark.slow  # a learning run on the simulated cluster: a few minutes on an idle 2-core machine
+def test_apex_dqn_that_loses_a_node_mid_run_still_learns_cartpole(cluster, tmp_path):
+    """The apex_dqn CartPole preset (2 collectors x 4 envs, a slot each; the replay server on
+    the head; checkpoints every 5k steps) on the cluster, three worker nodes (one is added back
+    if an earlier test removed one). After 40 fragments (10,240 env steps, while it learns:
+    periodic evaluations are near 150 there) the node holding collector 1 is removed; the
+    run stops at its first periodic evaluation (10 episodes every 2,500 steps) of 500, and the
+    policy it ends with (``latest.pt``) is evaluated held out (20 episodes, seed 123): >= 475,
+    with every part that sat on the removed node restarted once and counted."""
+    import corral
+
+    c, workers = cluster
+    while len(c.worker_nodes) < 3:
+        workers.append(c.add_node(num_cpus=2, resources={"slot": 2}))
+    c.wait_for_nodes()
+    run = tmp_path / "r"
+    cfg = build_config("apex_dqn", "CartPole-v1", steps=120_000, seed=0, overrides={
+        "scheme.collectors": 2, **PLACEMENT, "eval.every": 2500, "eval.episodes": 10,
+        "eval.stop_at_return": 500, "checkpoint.every": 5000, "tensorboard": False, "progress": False})
+    L = Learner(cfg, new_run_dir(cfg, str(run)), env_spec="CartPole-v1", quiet=True)
+    scheme = RayScheme(L)
+    seen = {}
+
+    def remove(meta, data):
+        if scheme.fragments == 40 and not seen:
+            nodes = {w.node_id: w for w in c.worker_nodes}
+            at = [node_of(a) for a in scheme.pool.actors]
+            seen["before"], seen["removed"], seen["step"] = at, at[1], L.env_steps
+            c.remove_node(nodes[at[1]])
+
+    scheme.fragment_callback = remove
+    L.make_stream = scheme.stream
+    summary = L.train()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [(r["step"], r["eval_return"]) for r in rows if "eval_return" in r]
+    held = corral.evaluate(corral.load(run / "checkpoints" / "latest.pt"), "CartPole-v1", episodes=20,
+                           seed=123)["mean_return"]
+    died = seen["before"].count(seen["removed"])
+    print(f"\nnode loss, learning: node removed at {seen['step']} steps with {died} collector(s); restarts "
+          f"{scheme.restarts}, transitions lost {scheme.replay_lost}; stopped at {summary['env_steps']} steps; "
+          f"held out (latest.pt) {held:.1f}; evals {evals}")
+    assert seen and scheme.restarts == died >= 1 and scheme.replay_restarts == 0
+    assert [r for r in rows if "collector_restarts" in r][-1]["collector_restarts"] == died
+    assert summary["env_steps"] > seen["step"]
+    assert held >= 475, (held, evals)

@@ -326,9 +326,14 @@ def test_ppo_with_a_gradient_worker_killed_mid_run_still_learns_cartpole(ray_loc
 
 
 RESTORE = {
-    # (algo, env, steps to the checkpoint, overrides, the least save-time evaluation of every seed)
-    "apex_dqn": ("apex_dqn", "CartPole-v1", 30_000, {}, None),
-    "apex_ddpg": ("apex_ddpg", "Pendulum-v1", 20_000, {}, -200.0),  # issue 19: trained to >= -200
+    # algo, env, the training budget, overrides, the least save-time evaluation of every seed,
+    # and what `corral resume` is given besides the 5k more steps
+    "apex_dqn": ("apex_dqn", "CartPole-v1", 80_000,
+                 # the preset's budget (all 8 Ray runs of tests/test_apex.py reached an eval of 500 by
+                 # 52.5k): each seed stops at its first periodic evaluation of 500 and is saved there
+                 {"eval.every": 2500, "eval.stop_at_return": 500}, 475.0,
+                 ["--set", "eval.stop_at_return=null"]),
+    "apex_ddpg": ("apex_ddpg", "Pendulum-v1", 20_000, {}, -200.0, []),  # issue 19: trained to >= -200
 }
 
 
@@ -355,32 +360,37 @@ def _fresh_process_eval(run) -> dict:
 @pytest.mark.parametrize("name", list(RESTORE))
 def test_a_restored_apex_run_evaluates_as_at_save_time_and_does_not_collapse(ray_local, tmp_path, name):
     """Ape-X with 2 Ray collectors, seeds 0-2, trained to a checkpoint (final evaluation, 10
-    episodes). In a fresh process the restored checkpoint evaluates exactly as at save time;
+    episodes) that reaches the issue's bar on every seed (DQN CartPole >= 475, DDPG Pendulum
+    >= -200). In a fresh process the restored checkpoint evaluates exactly as at save time;
     `corral resume` for 5k more steps ends no worse than the save-time evaluation minus the
-    spread of the save-time evaluations over the three seeds."""
+    spread of the save-time evaluations over the three seeds (at least 25 on CartPole: when
+    every seed is saved at 500 the spread is 0, and 475 is the bar of having learned)."""
     import subprocess
     import sys
 
-    algo, env, steps, extra, least = RESTORE[name]
-    saved, after = [], []
+    algo, env, steps, extra, least, resume_args = RESTORE[name]
+    saved, after, at_steps = [], [], []
     for seed in (0, 1, 2):
         run = tmp_path / f"s{seed}"
         corral.train(algo, env, steps=steps, seed=seed, run_dir=str(run),
                      **{"scheme.collectors": 2, "eval.episodes": 10, "tensorboard": False, **extra})
         at_save = json.loads((run / "eval.json").read_text())
-        assert least is None or at_save["mean_return"] >= least, (seed, at_save["mean_return"])
+        assert at_save["mean_return"] >= least, (seed, at_save["mean_return"])
         restored = _fresh_process_eval(run)
         for key in ("mean_return", "std_return", "min_return", "max_return"):
             assert restored[key] == at_save[key], (seed, key, restored, at_save)
-        out = subprocess.run([sys.executable, "-m", "corral.cli", "resume", str(run), "--steps", str(steps + 5000)],
-                             capture_output=True, text=True)
+        saved_steps = int(load_checkpoint(run / "checkpoints" / "latest.pt")["counters"]["env_steps"])
+        out = subprocess.run([sys.executable, "-m", "corral.cli", "resume", str(run), "--steps",
+                              str(saved_steps + 5000), *resume_args], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr[-4000:]
+        at_steps.append(saved_steps)
         saved.append(at_save["mean_return"])
         after.append(json.loads((run / "eval.json").read_text())["mean_return"])
     spread = max(saved) - min(saved)
-    print(f"\n{name} restore: saved={saved} after+5k={after} spread={spread:.1f}")
+    tolerance = max(spread, 25.0 if env == "CartPole-v1" else 1e-9)
+    print(f"\n{name} restore: saved at {at_steps} steps: {saved}; after+5k={after} spread={spread:.1f}")
     for s, a in zip(saved, after):
-        assert a >= s - max(spread, 1e-9), (saved, after, spread)
+        assert a >= s - tolerance, (saved, after, spread)
 
 
 def _memory_mb() -> tuple[float, float]:
