@@ -5,7 +5,9 @@ hyperparameters, the same Gymnasium env and seed, one torch thread each. Reports
 training time (first env step to the end; construction excluded) as wall-clock and as
 process CPU time (steadier on a shared machine), the deterministic eval return of the
 final policy (10 episodes) and the time ratios. ``--rounds 2`` runs corral, SB3, SB3,
-corral and reports medians.
+corral and reports medians. Each whole run is a fresh Python process (``--worker``), so
+neither library inherits the other's process-wide settings (torch threads, corral's
+``keep_heap`` malloc setting) or its heap.
 
     pip install 'corral[bench]'
     python benchmarks/bench_offpolicy.py --algos dqn sac --seeds 0 --rounds 2
@@ -68,7 +70,22 @@ def eval_policy(act, env_id, episodes=10, seed=1000):
     return float(np.mean(rets))
 
 
-def run_corral(algo, seed, steps=None):
+def run_worker(lib, algo, seed, args):
+    """One whole run in a fresh process: (train seconds, process CPU seconds, eval return)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, "--algos", algo, "--seeds", str(seed),
+           "--threads", str(args.threads)]
+    if args.steps:
+        cmd += ["--steps", str(args.steps)]
+    for s in args.sets:
+        cmd += ["--set", s]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return tuple(json.loads(out.strip().splitlines()[-1]))
+
+
+def run_corral(algo, seed, steps=None, sets=()):
     import corral
     from corral.train.learner import Learner
     from corral.train.setup import build_config
@@ -77,7 +94,7 @@ def run_corral(algo, seed, steps=None):
     steps = steps or preset_steps
     cfg = build_config(algo, env_id, steps=steps, seed=seed,
                        sets=["progress=false", "eval.episodes=0", "tensorboard=false",
-                             f"threads={torch.get_num_threads()}"])
+                             f"threads={torch.get_num_threads()}", *sets])
     learner = Learner(cfg, None)
     cpu = time.process_time()
     summary = learner.train()
@@ -227,10 +244,21 @@ def main():
     p.add_argument("--fill", type=int, default=3000, help="--per-step: env steps collected before timing")
     p.add_argument("--steps", type=int, default=None,
                    help="whole runs: env steps for both libraries instead of the preset's (a shorter timing run)")
+    p.add_argument("--worker", choices=["corral", "sb3"], default=None,
+                   help="internal: one whole run of this library (first algo and seed), printed as JSON")
+    p.add_argument("--set", dest="sets", action="append", default=[],
+                   help="corral config overrides for its runs (KEY=VALUE, repeatable), e.g. --set keep_heap=false")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if args.per_step:
         per_step(args)
+        return
+    if args.worker:
+        if args.worker == "corral":
+            out = run_corral(args.algos[0], args.seeds[0], args.steps, args.sets)
+        else:
+            out = run_sb3(args.algos[0], args.seeds[0], args.steps)
+        print(json.dumps(list(out)), flush=True)
         return
     for algo in args.algos:
         for seed in args.seeds:
@@ -241,7 +269,7 @@ def main():
                 for lib in order:
                     if lib == "sb3" and args.skip_sb3:
                         continue
-                    wall, cpu, ret = (run_corral if lib == "corral" else run_sb3)(algo, seed, args.steps)
+                    wall, cpu, ret = run_worker(lib, algo, seed, args)
                     runs[lib].append((wall, cpu, ret))
                     print(json.dumps({"algo": algo, "seed": seed, "round": r, "lib": lib, "wall_s": round(wall, 1),
                                       "cpu_s": round(cpu, 1), "eval": round(ret, 1),

@@ -146,6 +146,8 @@ class TrainConfig:
     seed: int = option(0, "seed for every random stream of the run", ge=0)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     threads: int = option(1, "torch CPU threads (small nets are fastest on one)", ge=1)
+    keep_heap: bool = option(True, "glibc: freed memory stays in the process heap (mallopt, process-wide) so "
+                                   "a step's activations are not page-faulted in afresh every gradient step")
     stop_at_return: float | None = option(None, "stop when the mean training return of the last 20 episodes reaches this")
     log_every: int = option(2048, "write metrics every this many env steps", ge=1)
     progress: bool = option(True, "show a progress bar")

@@ -336,7 +336,9 @@ class _ParallelMLPFunction(torch.autograd.Function):
             if ctx.needs_input_grad[4 + 2 * i]:
                 grads[2 * i + 1] = g.sum(1, keepdim=True)
             if i > 0 or ctx.needs_input_grad[0]:
-                g = torch.bmm(g, w)
+                # one output (a critic's Q): an outer product, exact as a broadcast multiply
+                # (no sum over k), ~3x faster than MKL's batched matmul with k = 1
+                g = g * w if w.shape[1] == 1 else torch.bmm(g, w)
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = g.sum(0) if ctx.x_dim == 2 else g

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from corral.nets import ParallelMLP, fast_tanh_
+from corral.nets import ParallelMLP, _parallel_mlp_forward, fast_tanh_
 
 
 def reference(net: ParallelMLP, x: torch.Tensor) -> torch.Tensor:
@@ -22,7 +22,7 @@ def test_fast_tanh_matches_torch_tanh():
 
 
 @pytest.mark.parametrize("act", ["tanh", "relu"])
-@pytest.mark.parametrize("out_dim", [3, None])
+@pytest.mark.parametrize("out_dim", [3, 1, None])
 @pytest.mark.parametrize("shared_input", [True, False])
 def test_parallel_mlp_gradients_match_autograd(act, out_dim, shared_input):
     torch.manual_seed(0)
@@ -43,6 +43,33 @@ def test_parallel_mlp_gradients_match_autograd(act, out_dim, shared_input):
     for g, r in zip(grads, ref_grads):
         assert g.shape == r.shape
         assert torch.allclose(g, r, atol=1e-6), (g - r).abs().max()
+
+
+def test_one_output_backward_is_the_batched_matmul_bit_for_bit():
+    """A critic's last layer (one output) back-propagates as a broadcast product, the values
+    ``torch.bmm`` gives exactly (k = 1: one product per entry, nothing summed)."""
+    torch.manual_seed(3)
+    net = ParallelMLP(2, 4, (256, 256), "relu", out_dim=1)
+    x = torch.randn(256, 4, requires_grad=True)
+    upstream = torch.randn(2, 256, 1)
+    grads = torch.autograd.grad((net(x) * upstream).sum(), [x, *net.parameters()])
+    # the same backward with the batched matmul at the last layer
+    params = [t for wb in net._layers for t in wb]
+    _, inputs = _parallel_mlp_forward(x.detach(), "relu", net._act_after, params)
+    outputs = [*inputs[1:]]
+    g = torch.bmm(upstream, params[4])
+    ref = [None] * 6
+    ref[4], ref[5] = torch.bmm(upstream.mT, inputs[2]), upstream.sum(1, keepdim=True)
+    for i in (1, 0):
+        g = torch.ops.aten.threshold_backward(g, outputs[i], 0)
+        w = params[2 * i]
+        ref[2 * i] = torch.bmm(g.mT, inputs[i]) if w.shape[1] <= w.shape[2] else torch.bmm(inputs[i].mT, g).mT
+        ref[2 * i + 1] = g.sum(1, keepdim=True)
+        g = torch.bmm(g, w)
+    want = [g.sum(0), *ref[0::2], *ref[1::2]]  # parameters(): the weights, then the biases
+    assert len(grads) == len(want) == 7
+    for got, w in zip(grads, want):
+        assert torch.equal(got, w)
 
 
 def test_parallel_mlp_no_grad_path_equals_grad_path():

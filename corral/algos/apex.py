@@ -145,7 +145,7 @@ class ApexDQN(ApexMixin, DQN):
         # between updates, so every gradient step of an update sees one target network
         interval = self.cfg.target_update_interval
         if self.grad_steps // interval > before // interval:
-            self.polyak(self.target, self.actor, self.cfg.tau)
+            self.polyak(self.target, self.actor, self.cfg.tau, self._pairs)
         out["epsilon"] = float(self.epsilon.mean())
         return out
 

@@ -112,7 +112,7 @@ class DQN(OffPolicy):
         return {}
 
     def target_update(self) -> None:
-        self.polyak(self.target, self.actor, self.cfg.tau)
+        self.polyak(self.target, self.actor, self.cfg.tau, self._pairs)
 
     def shared_targets(self, batch):
         # The target net only changes between updates (target_update runs in observe), so one

@@ -106,8 +106,8 @@ class TD3(ActorCriticOffPolicy):
 
     def after_step(self, stats):
         if "actor_loss" in stats:
-            self.polyak(self.critics_target, self.critics, self.cfg.tau)
-            self.polyak(self.actor_target, self.actor, self.cfg.tau)
+            self.polyak(self.critics_target, self.critics, self.cfg.tau, self._pairs)
+            self.polyak(self.actor_target, self.actor, self.cfg.tau, self._pairs)
             self._last_actor_loss = stats["actor_loss"]
         elif self._last_actor_loss is not None:
             stats["actor_loss"] = self._last_actor_loss

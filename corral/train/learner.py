@@ -28,7 +28,7 @@ from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
 from corral.train.checkpoint import save_checkpoint
 from corral.train.hooks import CheckpointHook, EvalHook, MetricsHook, ProgressHook
-from corral.train.setup import build_config, make_env, new_run_dir, resolve_device
+from corral.train.setup import build_config, keep_heap, make_env, new_run_dir, resolve_device
 
 
 def check_agents(cls, env, cfg) -> None:
@@ -117,6 +117,8 @@ class Learner:
     def __post_init__(self):
         cfg = self.cfg
         torch.set_num_threads(max(1, cfg.threads))
+        if cfg.keep_heap:
+            keep_heap()
         self.device = resolve_device(cfg.device)
         self.env_spec = self.env_spec if self.env_spec is not None else cfg.env.id
         self.rng = RNGStreams(cfg.seed, self.device)
