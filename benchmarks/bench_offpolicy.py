@@ -13,6 +13,7 @@ neither library inherits the other's process-wide settings (torch threads, corra
     python benchmarks/bench_offpolicy.py --algos dqn sac --seeds 0 --rounds 2
     python benchmarks/bench_offpolicy.py --algos qrdqn --seeds 0 1 2   # vs sb3-contrib's QR-DQN
     python benchmarks/bench_offpolicy.py --algos tqc crossq            # vs sb3-contrib's TQC, CrossQ
+    python benchmarks/bench_offpolicy.py --algos redq                  # vs SB3's SAC (no REDQ there)
 
 ``--per-step`` times one gradient step instead of whole runs, after filling both
 libraries' buffers the same way: corral's ``update()``, SB3's ``model.train()``,
@@ -49,6 +50,9 @@ PRESETS = {
     # sb3-contrib's TQC and CrossQ at rl-zoo's tqc.yml / crossq.yml Pendulum-v1 entries
     "tqc": ("Pendulum-v1", 20_000, dict(learning_rate=1e-3)),
     "crossq": ("Pendulum-v1", 20_000, dict(policy_delay=2, policy_kwargs=dict(net_arch=[256, 256]))),
+    # REDQ has no SB3 / sb3-contrib counterpart: its peer is SB3's SAC at SAC's preset (REDQ does
+    # G = 20 critic steps per env step over N = 10 critics, so expect many times SAC's time)
+    "redq": ("Pendulum-v1", 20_000, dict(learning_rate=1e-3)),
     "td3": ("Pendulum-v1", 20_000, dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, learning_rate=1e-3,
                                         policy_kwargs=dict(net_arch=[400, 300]))),
 }
@@ -71,7 +75,8 @@ def eval_policy(act, env_id, episodes=10, seed=1000):
 
 
 def run_worker(lib, algo, seed, args):
-    """One whole run in a fresh process: (train seconds, process CPU seconds, eval return)."""
+    """One whole run in a fresh process: (train seconds, process CPU seconds, eval return,
+    process CPU seconds inside the gradient steps)."""
     import subprocess
     import sys
 
@@ -96,11 +101,20 @@ def run_corral(algo, seed, steps=None, sets=()):
                        sets=["progress=false", "eval.episodes=0", "tensorboard=false",
                              f"threads={torch.get_num_threads()}", *sets])
     learner = Learner(cfg, None)
+    update, in_update = learner.algo.update, [0.0]
+
+    def timed_update(progress):  # process CPU inside the gradient steps; the rest is collection
+        t = time.process_time()
+        out = update(progress)
+        in_update[0] += time.process_time() - t
+        return out
+
+    learner.algo.update = timed_update
     cpu = time.process_time()
     summary = learner.train()
     cpu = time.process_time() - cpu
     agent = corral.Agent(learner.algo, cfg)
-    return summary["train_seconds"], cpu, eval_policy(lambda o: agent.act(o), env_id)
+    return summary["train_seconds"], cpu, eval_policy(lambda o: agent.act(o), env_id), in_update[0]
 
 
 def run_sb3(algo, seed, steps=None):
@@ -117,12 +131,21 @@ def run_sb3(algo, seed, steps=None):
 
         cls = {"qrdqn": sb3_contrib.QRDQN, "tqc": sb3_contrib.TQC, "crossq": sb3_contrib.CrossQ}[algo]
     else:
-        cls = {"dqn": sb3.DQN, "sac": sb3.SAC, "td3": sb3.TD3}[algo]
+        cls = {"dqn": sb3.DQN, "sac": sb3.SAC, "redq": sb3.SAC, "td3": sb3.TD3}[algo]
     model = cls("MlpPolicy", env_id, seed=seed, device="cpu", verbose=0, **kwargs)
+    train, in_train = model.train, [0.0]
+
+    def timed_train(*a, **kw):
+        t = time.process_time()
+        out = train(*a, **kw)
+        in_train[0] += time.process_time() - t
+        return out
+
+    model.train = timed_train
     t0, cpu = time.perf_counter(), time.process_time()
     model.learn(steps)
     secs, cpu = time.perf_counter() - t0, time.process_time() - cpu
-    return secs, cpu, eval_policy(lambda o: model.predict(o, deterministic=True)[0], env_id)
+    return secs, cpu, eval_policy(lambda o: model.predict(o, deterministic=True)[0], env_id), in_train[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,10 +292,13 @@ def main():
                 for lib in order:
                     if lib == "sb3" and args.skip_sb3:
                         continue
-                    wall, cpu, ret = run_worker(lib, algo, seed, args)
+                    wall, cpu, ret, grad_cpu = run_worker(lib, algo, seed, args)
                     runs[lib].append((wall, cpu, ret))
                     print(json.dumps({"algo": algo, "seed": seed, "round": r, "lib": lib, "wall_s": round(wall, 1),
                                       "cpu_s": round(cpu, 1), "eval": round(ret, 1),
+                                      # process CPU in the gradient steps, and per env step outside them
+                                      "grad_cpu_s": round(grad_cpu, 1),
+                                      "collect_cpu_ms_per_step": round((cpu - grad_cpu) / (args.steps or PRESETS[algo][1]) * 1e3, 3),
                                       "loadavg": [round(x, 2) for x in os.getloadavg()]}), flush=True)
             row = {"algo": algo, "seed": seed, "rounds": args.rounds, "steps": args.steps or PRESETS[algo][1]}
             for lib, rs in runs.items():
