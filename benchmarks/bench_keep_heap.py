@@ -2,7 +2,7 @@
 (``mallopt``) between interleaved updates of 20 (SAC) or 128 (QR-DQN) gradient steps, after
 2000 env steps of collection; process CPU and wall time per step and minor page faults per step.
 "small" = a 1 MiB trim threshold (close to glibc's dynamic default for these sizes: the heap's top
-goes back to the OS every step), "big" = keep_heap's 1 GiB.
+goes back to the OS every step), "big" = keep_heap's 256 MiB.
 
     python benchmarks/bench_keep_heap.py sac
     python benchmarks/bench_keep_heap.py qrdqn
@@ -38,7 +38,7 @@ A.update(0.5)
 res = {"small": [], "big": []}
 for i in range(int(sys.argv[3]) if len(sys.argv) > 3 else 12):
     for name in (("small", "big") if i % 2 == 0 else ("big", "small")):
-        libc.mallopt(-1, trim_small if name == "small" else 1 << 30)
+        libc.mallopt(-1, trim_small if name == "small" else 256 << 20)
         r0=resource.getrusage(resource.RUSAGE_SELF); t=time.process_time(); w=time.perf_counter()
         A.update(0.5)
         r1=resource.getrusage(resource.RUSAGE_SELF)

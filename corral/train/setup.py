@@ -99,8 +99,9 @@ def keep_heap() -> bool:
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     # mmap only from 32 MiB (glibc's largest threshold on 64-bit; replay storage is mapped as
-    # before), and trim the heap top only when 1 GiB of it is free
-    _HEAP_KEPT = bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) & bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    # before), and trim the heap top only when 256 MiB of it is free (a step frees a few MiB to
+    # tens of MiB; a larger threshold would only keep more memory from the OS)
+    _HEAP_KEPT = bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) & bool(libc.mallopt(M_TRIM_THRESHOLD, 256 << 20))
     return _HEAP_KEPT
 
 
