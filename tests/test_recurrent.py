@@ -50,7 +50,9 @@ def test_packed_trajectories_equal_each_run_alone_whatever_the_incoming_state(ki
         no_reset[5, 0] = False
         carried, _ = core(x, garbage, no_reset)
         assert (carried[5:, 0] - alone_b[:, 0]).abs().max() > 1e-3
-        torch.testing.assert_close(carried[:5], out[:5], rtol=0, atol=0)
+        # the same steps up to rounding: the runs split into different segments, and on some CPUs
+        # (AVX-512 here, 2026-12-04) GEMMs of other shapes round differently (7e-9 seen)
+        torch.testing.assert_close(carried[:5], out[:5], rtol=0, atol=1e-6)
         # and with no start at step 0 the incoming state is used
         kept = starts.clone()
         kept[0] = False
