@@ -369,3 +369,18 @@ def test_redq_with_a_small_ensemble_reaches_minus_200_on_pendulum_in_ci(tmp_path
 @pytest.mark.parametrize("algo", NEW)
 def test_each_reaches_minus_200_on_pendulum_within_15k_steps_on_more_seeds(tmp_path, algo, seed):
     assert heldout_after_learning(algo, seed, tmp_path) >= -200
+
+
+@pytest.mark.slow
+def test_tqc_solves_bipedalwalker_within_300k_steps(tmp_path):
+    # Issue 13: a deterministic eval >= 300 over 20 unseen episodes within 300k env steps, the
+    # preset (rl-zoo's tqc.yml values, 256x256 networks) stopped at its first periodic eval of
+    # 310. Seed 0 stopped at 80k steps, held out 316.9 +- 1.2 (1,933 s on one CPU core,
+    # 2026-12-04; docs/results.md has the curve and seed 1).
+    pytest.importorskip("Box2D")
+    corral.train("tqc", "BipedalWalker-v3", seed=0, run_dir=str(tmp_path / "run"),
+                 **{"eval.every": 20_000, "eval.episodes": 10, "eval.num_envs": 10, "eval.stop_at_return": 310,
+                    "tensorboard": False})
+    agent = corral.load(tmp_path / "run")  # its best.pt
+    assert agent.cfg.steps <= 300_000
+    assert corral.evaluate(agent, "BipedalWalker-v3", episodes=20, seed=123)["mean_return"] >= 300
