@@ -73,7 +73,12 @@ def memory_sample(t0: float) -> dict:
     procs = {}
     for p in [me] + me.children(recursive=True):
         try:
-            name = " ".join(p.cmdline())[:60] or p.name()
+            cmd = p.cmdline()
+            # an actor's title (ray::Collector), else the program and its first argument that is
+            # not an option, without directories (gcs_server, raylet, python log_monitor.py)
+            plain = [os.path.basename(a) for a in cmd[1:] if not a.startswith("-")][:1]
+            name = (cmd[0] if cmd and cmd[0].startswith("ray::") else
+                    " ".join([os.path.basename(cmd[0])] + plain) if cmd else "")[:60] or p.name()
             procs[p.pid] = (name, *process_memory(p))
         except psutil.Error:
             pass
@@ -89,17 +94,17 @@ def memory_sample(t0: float) -> dict:
         except Exception:  # noqa: BLE001 - a sample missed during a restart
             pass
     mb = lambda b: round(b / 2**20, 1)  # noqa: E731
-    workers = [(n, r, s) for pid, (n, r, s) in procs.items() if pid != me.pid]
+    workers = [(n, r, s, pid) for pid, (n, r, s) in procs.items() if pid != me.pid]
     footprint = store_footprint(list(procs))
     return {"t": round(time.time() - t0, 1), "learner_mb": mb(procs[me.pid][1]),
             "learner_own_mb": mb(procs[me.pid][1] - procs[me.pid][2]),
-            "ray_processes_mb": mb(sum(r for _, r, _ in workers)),
-            "ray_processes_own_mb": mb(sum(r - s for _, r, s in workers)), "ray_processes": len(workers),
+            "ray_processes_mb": mb(sum(w[1] for w in workers)),
+            "ray_processes_own_mb": mb(sum(w[1] - w[2] for w in workers)), "ray_processes": len(workers),
             "object_store_mb": store,  # Ray's count of the objects it holds
             "store_footprint_mb": None if footprint is None else mb(footprint),  # the memory its file holds
             # each process by its title (Ray names an actor's process ray::<Class>): which one grows;
-            # [name, rss, own (rss less the object store's pages it maps)]
-            "per_process_mb": sorted(((n, mb(r), mb(r - s)) for n, r, s in workers), key=lambda x: -x[1])}
+            # [name, rss, own (rss less the object store's pages it maps), pid]
+            "per_process_mb": sorted(((n, mb(r), mb(r - s), pid) for n, r, s, pid in workers), key=lambda x: -x[1])}
 
 
 def main() -> None:
