@@ -60,10 +60,12 @@ def test_an_apex_collector_keeps_nothing_per_fragment_or_parameter_version():
     finally:
         tracemalloc.stop()
         c.close()
-    # an object kept per fragment (its meta, a tensor, a tuple) is +100 objects; 16 KB of Python
-    # allocations is ~160 bytes kept per fragment; a fragment's data kept is ~+0.5 MB
+    # An object kept per fragment (its meta, a tensor, a list) is +100 objects; 32 KB of Python
+    # allocations is ~330 bytes kept per fragment (torch's caches keyed by shapes, e.g. of the
+    # episode ends a fragment holds, still add ~10 KB over these 100: bounded, they level off);
+    # a fragment's data kept is ~+0.5 MB
     assert grown_objects <= 10, grown_objects
-    assert grown_traced < 16 * 1024, grown_traced
+    assert grown_traced < 32 * 1024, grown_traced
     assert grown_rss < 4 * 2**20, grown_rss / 2**20
 
 
