@@ -14,7 +14,7 @@ the store's file really holds (its allocated pages, counted once).
 Writes one JSON with the periodic evaluations, the held-out evaluation (20 episodes,
 seed 123), the kills, the restarts and the memory samples.
 
-    python benchmarks/chaos_apex.py --seed 0 --steps 60000 --kill-every 60 --out chaos.json
+    python benchmarks/chaos_apex.py --seed 0 --steps 60000 --kill-every 60 --run-dir runs/chaos --out chaos.json
 """
 
 from __future__ import annotations
