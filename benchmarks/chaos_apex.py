@@ -5,10 +5,16 @@ the replay server) is killed with ``ray.kill`` (tests/conftest.py ``ray_scheme_k
 ``--kill-every 0`` is the undisturbed run. Every ``--sample-every`` seconds it records the
 resident memory of the learner and of every process of its Ray session (the learner's
 descendants: raylet, GCS, workers) and the object store's use (Ray's memory summary).
+Each process's resident memory is split into the object store's pages it has mapped
+(shared: every process that reads an object maps the store's file and its resident size
+counts the pages it touched, so a collector that reads each new parameter version where the
+store happened to place it "grows" until it has touched the store's whole footprint) and
+the rest, its own (``own``: heap, stacks, libraries); ``store_footprint_mb`` is the memory
+the store's file really holds (its allocated pages, counted once).
 Writes one JSON with the periodic evaluations, the held-out evaluation (20 episodes,
 seed 123), the kills, the restarts and the memory samples.
 
-    python benchmarks/chaos_apex.py --seed 0 --steps 60000 --kill-every 60 --out chaos.json
+    python benchmarks/chaos_apex.py --seed 0 --steps 60000 --kill-every 60 --run-dir runs/chaos --out chaos.json
 """
 
 from __future__ import annotations
@@ -25,6 +31,40 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
+def is_store_file(path: str) -> bool:
+    """Ray's shared-memory object store: a file ``plasma*`` (in /dev/shm, or /tmp where that
+    is too small), unlinked once mapped."""
+    return os.path.basename(path.replace(" (deleted)", "")).startswith("plasma")
+
+
+def process_memory(p) -> tuple[int, int]:
+    """``(rss, store)`` bytes of a ``psutil.Process``: its resident memory and the part of it
+    that is pages of the object store's file (shared with every process that maps them)."""
+    store = 0
+    try:
+        store = sum(m.rss for m in p.memory_maps(grouped=True) if is_store_file(m.path))
+    except (AttributeError, NotImplementedError):  # no per-mapping figures on this platform
+        pass
+    return p.memory_info().rss, store
+
+
+def store_footprint(pids) -> int | None:
+    """Bytes the object store's file holds (allocated pages, each counted once), from the
+    first of ``pids`` with it open (the raylet), or None."""
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if is_store_file(os.readlink(f"/proc/{pid}/fd/{fd}")):
+                    return os.stat(f"/proc/{pid}/fd/{fd}").st_blocks * 512
+            except OSError:
+                pass
+    return None
+
+
 def memory_sample(t0: float) -> dict:
     import psutil
     import ray
@@ -33,8 +73,13 @@ def memory_sample(t0: float) -> dict:
     procs = {}
     for p in [me] + me.children(recursive=True):
         try:
-            name = " ".join(p.cmdline())[:60] or p.name()
-            procs[p.pid] = (name, p.memory_info().rss)
+            cmd = p.cmdline()
+            # an actor's title (ray::Collector), else the program and its first argument that is
+            # not an option, without directories (gcs_server, raylet, python log_monitor.py)
+            plain = [os.path.basename(a) for a in cmd[1:] if not a.startswith("-")][:1]
+            name = (cmd[0] if cmd and cmd[0].startswith("ray::") else
+                    " ".join([os.path.basename(cmd[0])] + plain) if cmd else "")[:60] or p.name()
+            procs[p.pid] = (name, *process_memory(p))
         except psutil.Error:
             pass
     store = None
@@ -48,13 +93,18 @@ def memory_sample(t0: float) -> dict:
             store = float(m.group(1)) if m else None
         except Exception:  # noqa: BLE001 - a sample missed during a restart
             pass
-    workers = sum(r for pid, (_, r) in procs.items() if pid != me.pid)
-    return {"t": round(time.time() - t0, 1), "learner_mb": round(procs[me.pid][1] / 2**20, 1),
-            "ray_processes_mb": round(workers / 2**20, 1), "ray_processes": len(procs) - 1,
-            "object_store_mb": store,
-            # each process by its title (Ray names an actor's process ray::<Class>): which one grows
-            "per_process_mb": sorted(((n, round(r / 2**20, 1)) for pid, (n, r) in procs.items() if pid != me.pid),
-                                     key=lambda x: -x[1])}
+    mb = lambda b: round(b / 2**20, 1)  # noqa: E731
+    workers = [(n, r, s, pid) for pid, (n, r, s) in procs.items() if pid != me.pid]
+    footprint = store_footprint(list(procs))
+    return {"t": round(time.time() - t0, 1), "learner_mb": mb(procs[me.pid][1]),
+            "learner_own_mb": mb(procs[me.pid][1] - procs[me.pid][2]),
+            "ray_processes_mb": mb(sum(w[1] for w in workers)),
+            "ray_processes_own_mb": mb(sum(w[1] - w[2] for w in workers)), "ray_processes": len(workers),
+            "object_store_mb": store,  # Ray's count of the objects it holds
+            "store_footprint_mb": None if footprint is None else mb(footprint),  # the memory its file holds
+            # each process by its title (Ray names an actor's process ray::<Class>): which one grows;
+            # [name, rss, own (rss less the object store's pages it maps), pid]
+            "per_process_mb": sorted(((n, mb(r), mb(r - s), pid) for n, r, s, pid in workers), key=lambda x: -x[1])}
 
 
 def main() -> None:
