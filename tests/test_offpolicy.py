@@ -393,6 +393,23 @@ def test_polyak_update_matches_the_formula():
         assert torch.allclose(e, t)
 
 
+@pytest.mark.parametrize("algo_name, env_id", [("qrdqn", "CartPole-v1"), ("iqn", "CartPole-v1"),
+                                               ("sac", "Pendulum-v1"), ("crossq", "Pendulum-v1")])
+def test_adam_eps_reaches_every_optimizer_and_scales_the_first_step(algo_name, env_id):
+    # adam_eps is torch's 1e-8 unless set; sb3-contrib's QR-DQN uses 0.01 / batch_size
+    assert make(algo_name, env_id).cfg.adam_eps == 1e-8
+    algo = make(algo_name, env_id, adam_eps=1e-3)
+    opts = [getattr(algo, name) for name in algo.optimizers]
+    assert opts and all(o.eps == 1e-3 for o in opts)
+    # Adam's first step is lr * g / (|g| + eps): eps = |g| halves it
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = type(opts[0])([p], lr=1.0, eps=0.5)
+    opt.zero_grad()
+    (0.5 * p).sum().backward()
+    opt.step()
+    assert p.item() == pytest.approx(-0.5, rel=1e-5)
+
+
 def test_a_replay_that_cannot_fit_fails_before_training_with_the_numbers(tmp_path, capsys):
     rc = main(["train", "sac", "Pendulum-v1", "--steps", "100", "--run-dir", str(tmp_path / "r"),
                "--set", "sac.buffer_size=100000000000"])

@@ -72,7 +72,8 @@ class CrossQ(SAC):
     def _optimizer(self, params, lr):
         if not self.learns:
             return None
-        return FlatAdam(params, lr=lr, betas=(self.cfg.adam_beta1, 0.999), max_grad_norm=self.cfg.max_grad_norm)
+        return FlatAdam(params, lr=lr, betas=(self.cfg.adam_beta1, 0.999), eps=self.cfg.adam_eps,
+                         max_grad_norm=self.cfg.max_grad_norm)
 
     def critic_loss(self, batch, obs, action, alpha, noise):
         B = obs.shape[0]

@@ -64,6 +64,7 @@ class OffPolicyConfig:
                                    ge=0, le=1)
     per_eps: float = option(1e-6, "priority floor added to |TD error|", gt=0)
     max_grad_norm: float | None = option(None, "global gradient norm clip (None: off)", gt=0)
+    adam_eps: float = option(1e-8, "Adam epsilon (torch's default; QR-DQN's paper: 0.01 / batch_size)", gt=0)
     save_replay: bool = option(True, "write the replay buffer into checkpoints (exact resume)")
 
 
@@ -135,7 +136,7 @@ class OffPolicy(Algorithm):
 
     def _optimizer(self, params, lr: float) -> FlatAdam | None:
         """An optimizer for a learner or gradient worker; an acting copy has none."""
-        return FlatAdam(params, lr=lr, max_grad_norm=self.cfg.max_grad_norm) if self.learns else None
+        return FlatAdam(params, lr=lr, eps=self.cfg.adam_eps, max_grad_norm=self.cfg.max_grad_norm) if self.learns else None
 
     @staticmethod
     def _step_optimizer(optimizer: FlatAdam, loss: torch.Tensor) -> None:

@@ -47,7 +47,7 @@ class SAC(ActorCriticOffPolicy):
         self.auto_alpha = cfg.ent_coef is None
         init = cfg.ent_coef_init if self.auto_alpha else cfg.ent_coef
         self.log_alpha = torch.tensor(math.log(init), device=device, requires_grad=self.auto_alpha)
-        self.alpha_opt = (FlatAdam([self.log_alpha], lr=cfg.actor_lr or cfg.lr)
+        self.alpha_opt = (FlatAdam([self.log_alpha], lr=cfg.actor_lr or cfg.lr, eps=cfg.adam_eps)
                           if self.auto_alpha and self.learns else None)
         self.target_entropy = float(cfg.target_entropy if cfg.target_entropy is not None
                                     else self.default_target_entropy())
