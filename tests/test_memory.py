@@ -6,10 +6,10 @@ memory sampler tells a process's own memory from the object store's shared pages
 """
 
 import gc
-import importlib.util
-import mmap
+import json
 import os
 import pickle
+import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
@@ -69,36 +69,46 @@ def test_an_apex_collector_keeps_nothing_per_fragment_or_parameter_version():
     assert grown_rss < 4 * 2**20, grown_rss / 2**20
 
 
+SAMPLER_CHECK = """
+import json, mmap, os, sys, importlib.util
+import ray  # noqa: F401 - puts its bundled psutil on the path
+import psutil
+spec = importlib.util.spec_from_file_location("chaos_apex", sys.argv[1])
+chaos = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(chaos)
+me = psutil.Process(os.getpid())
+size = int(sys.argv[2])
+path = f"/dev/shm/plasma_corral_test_{os.getpid()}"  # named as Ray names its store
+fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+try:
+    os.unlink(path)  # as Ray does: only the mappings and the open file keep it
+    os.ftruncate(fd, size)
+    rss0, store0 = chaos.process_memory(me)
+    with mmap.mmap(fd, size) as m:
+        m[:] = b"\\1" * size  # every page touched: resident in this process and in the file
+        rss1, store1 = chaos.process_memory(me)
+        footprint = chaos.store_footprint([os.getpid()])
+finally:
+    os.close(fd)
+print(json.dumps([rss0, store0, rss1, store1, footprint, chaos.store_footprint([])]))
+"""
+
+
 @pytest.mark.skipif(not (sys.platform.startswith("linux") and os.path.isdir("/dev/shm")), reason="/dev/shm")
 def test_the_chaos_sampler_counts_object_store_pages_apart_from_a_process_own_memory():
     """A process that reads objects maps the store's file and its resident size counts the
     store's pages it touched: the sampler reports them apart (``process_memory``) and the
-    store's own footprint once (``store_footprint``, the file's allocated pages)."""
+    store's own footprint once (``store_footprint``, the file's allocated pages). In a fresh
+    process: this one may have mapped a real Ray store (an earlier test's ``ray.init``)."""
     pytest.importorskip("ray")  # psutil comes with Ray
-    import psutil
-
-    spec = importlib.util.spec_from_file_location("chaos_apex", ROOT / "benchmarks" / "chaos_apex.py")
-    chaos = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(chaos)
-
-    me = psutil.Process(os.getpid())
     size = 32 * 2**20
-    path = f"/dev/shm/plasma_corral_test_{os.getpid()}"  # named as Ray names its store
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.unlink(path)  # as Ray does: only the mappings and the open file keep it
-        os.ftruncate(fd, size)
-        rss0, store0 = chaos.process_memory(me)
-        with mmap.mmap(fd, size) as m:
-            m[:] = b"\1" * size  # every page touched: resident in this process and in the file
-            rss1, store1 = chaos.process_memory(me)
-            footprint = chaos.store_footprint([os.getpid()])
-        del m
-    finally:
-        os.close(fd)
+    out = subprocess.run([sys.executable, "-c", SAMPLER_CHECK, str(ROOT / "benchmarks" / "chaos_apex.py"), str(size)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rss0, store0, rss1, store1, footprint, no_store = json.loads(out.stdout.strip().splitlines()[-1])
     assert store0 == 0
     assert store1 >= 0.95 * size  # the pages count in this process's RSS ...
     assert rss1 - rss0 >= 0.95 * size
     assert abs((rss1 - store1) - (rss0 - store0)) < 0.1 * size  # ... but not in its own memory
     assert footprint is not None and 0.95 * size <= footprint <= 1.05 * size
-    assert chaos.store_footprint([]) is None
+    assert no_store is None
