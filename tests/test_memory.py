@@ -31,7 +31,7 @@ def rss() -> int:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_an_apex_collector_keeps_nothing_per_fragment_or_parameter_version():
     """The Ape-X collector loop as a Ray actor runs it (a freshly deserialised parameter
-    version every fragment, the resume state asked for): after a warm-up, 120 more fragments
+    version every fragment, the resume state asked for): after a warm-up, 100 more fragments
     leave the Python objects, Python allocations and resident memory where they were."""
     cfg = build_config("apex_dqn", "CartPole-v1", steps=50_000, seed=0,
                        overrides={"scheme.collectors": 2, "tensorboard": False, "progress": False})
