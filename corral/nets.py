@@ -86,13 +86,7 @@ class _MLPFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, act_name, acts, *params):
-        act = torch.relu_ if act_name == "relu" else torch.tanh_
-        h, inputs = x, []
-        for i, after in enumerate(acts):
-            inputs.append(h)
-            h = torch.addmm(params[2 * i + 1], h, params[2 * i].t())
-            if after:
-                h = act(h)
+        h, inputs = mlp_forward(x, params, acts, act_name)
         ctx.act_name, ctx.acts = act_name, acts
         ctx.save_for_backward(*params, *inputs, h)
         return h
@@ -101,20 +95,45 @@ class _MLPFunction(torch.autograd.Function):
     def backward(ctx, grad):
         saved, n = ctx.saved_tensors, len(ctx.acts)
         params, inputs, out = saved[:2 * n], saved[2 * n:-1], saved[-1]
-        outputs = [*inputs[1:], out]
         grads = [None] * (2 * n)
-        g = grad
-        for i in reversed(range(n)):
-            if ctx.acts[i]:
-                g = (torch.ops.aten.threshold_backward(g, outputs[i], 0) if ctx.act_name == "relu"
-                     else torch.ops.aten.tanh_backward(g, outputs[i]))
-            if ctx.needs_input_grad[3 + 2 * i]:
-                grads[2 * i] = g.t().mm(inputs[i])
-            if ctx.needs_input_grad[4 + 2 * i]:
-                grads[2 * i + 1] = g.sum(0)
-            if i > 0 or ctx.needs_input_grad[0]:
-                g = g.mm(params[2 * i])
-        return (g if ctx.needs_input_grad[0] else None, None, None, *grads)
+        need = ctx.needs_input_grad
+        g = mlp_backward(grad, params, ctx.acts, ctx.act_name, inputs, out, grads, need[3:], need[0])
+        return (g, None, None, *grads)
+
+
+def mlp_forward(x: torch.Tensor, params, acts, act_name: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A chain of linear layers on a 2-d input, ``params`` ``(w0, b0, w1, b1, ...)``, the
+    activation (relu or tanh, in place) after layer ``i`` where ``acts[i]``. Returns the
+    output and each layer's input, what ``mlp_backward`` needs."""
+    act = torch.relu_ if act_name == "relu" else torch.tanh_
+    h, inputs = x, []
+    for i, after in enumerate(acts):
+        inputs.append(h)
+        h = torch.addmm(params[2 * i + 1], h, params[2 * i].t())
+        if after:
+            h = act(h)
+    return h, inputs
+
+
+def mlp_backward(grad: torch.Tensor, params, acts, act_name: str, inputs, out: torch.Tensor, grads: list,
+                 needs=None, input_grad: bool = False) -> torch.Tensor | None:
+    """``mlp_forward``'s backward from ``grad`` (d loss / d out): each layer's weight and bias
+    gradient into ``grads[2i]`` / ``grads[2i + 1]`` (where ``needs`` says, all by default);
+    an entry that already holds a tensor is written in place (``out=``: a flat optimizer's
+    gradient view), else a new tensor is put there. Returns d loss / d input if ``input_grad``."""
+    outputs = [*inputs[1:], out]
+    g = grad
+    for i in reversed(range(len(acts))):
+        if acts[i]:
+            g = (torch.ops.aten.threshold_backward(g, outputs[i], 0) if act_name == "relu"
+                 else torch.ops.aten.tanh_backward(g, outputs[i]))
+        if needs is None or needs[2 * i]:
+            grads[2 * i] = torch.mm(g.t(), inputs[i], out=grads[2 * i])
+        if needs is None or needs[2 * i + 1]:
+            grads[2 * i + 1] = torch.sum(g, 0, out=grads[2 * i + 1])
+        if i > 0 or input_grad:
+            g = g.mm(params[2 * i])
+    return g if input_grad else None
 
 
 def is_image_space(space) -> bool:

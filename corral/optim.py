@@ -52,6 +52,9 @@ class FlatAdam:
             # gradient lands in self.grad.
             p.grad = self.grad[offset:offset + n].view_as(p)
             offset += n
+        # the same views, kept here too: a step that writes every one of them (``out=``) needs
+        # no zero_grad, and module.zero_grad(set_to_none=True) cannot take them away
+        self.grad_views = [p.grad for p in self.params]
 
     def __deepcopy__(self, memo: dict) -> FlatAdam:
         """A copy whose parameters (the copies ``memo`` holds, the same objects as the copied

@@ -411,3 +411,90 @@ def test_fused_quantile_huber_matches_the_formula_for_qrdqn_and_iqn_shapes():
             (l1 * up).sum().backward()
             (l2 * up).sum().backward()
             assert torch.allclose(p1.grad, p2.grad, atol=1e-10)
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"prioritized": True, "normalize_obs": True},
+    {"activation": "tanh", "max_grad_norm": 0.5, "hidden": (24,), "n_quantiles": 7, "batch_size": 48},
+])
+def test_qrdqn_step_without_autograd_matches_the_autograd_step_bit_for_bit(options):
+    """QR-DQN's direct step (``direct_step``: the quantile Huber gradient formed with its values,
+    the MLP's backward written out into FlatAdam's flat gradient, no zero_grad) against the same
+    step driven through ``phases`` and ``loss.backward()``: the same losses, priorities and
+    parameters after every one of 12 steps, including the optimizer's moments."""
+    kw = dict(learning_starts=0, batch_size=32, hidden=(32, 32), lr=3e-3, n_quantiles=10)
+    kw.update(options)
+    fast = make("qrdqn", "CartPole-v1", **kw)
+    slow = make("qrdqn", "CartPole-v1", **kw)
+    assert fast._direct_chain() is not None
+    slow._chain = False  # drive this one through phases and autograd
+    for a in (fast, slow):
+        fill(a, 100, 4, None)
+    B = kw["batch_size"]
+    for step in range(12):
+        batch = fast.replay.sample(B)
+        slow.replay.sample(B)  # the same draws on both
+        shared = fast.shared_targets(batch)
+        s_fast, td_fast = fast.train_step(batch, shared)
+        s_slow, td_slow = slow.train_step(batch, shared)
+        assert torch.equal(s_fast["q_loss"], s_slow["q_loss"]) and torch.equal(s_fast["q_mean"], s_slow["q_mean"])
+        assert (td_fast is None) == (td_slow is None) and (td_fast is None or torch.equal(td_fast, td_slow))
+        for p, q in zip(fast.actor.parameters(), slow.actor.parameters()):
+            assert torch.equal(p, q), f"step {step}: parameters differ"
+    assert torch.equal(fast.optimizer.exp_avg, slow.optimizer.exp_avg)
+    assert torch.equal(fast.optimizer.exp_avg_sq, slow.optimizer.exp_avg_sq)
+    assert not torch.equal(fast.optimizer.exp_avg, torch.zeros_like(fast.optimizer.exp_avg))
+
+
+@pytest.mark.parametrize("options", [{"dueling": True}, {"noisy": True}, {"double": True}, {"kappa": 0.0}])
+def test_qrdqn_takes_the_autograd_step_where_its_net_or_loss_is_not_a_plain_chain(options):
+    algo = make("qrdqn", "CartPole-v1", learning_starts=0, batch_size=16, hidden=(16, 16), **options)
+    assert algo._direct_chain() is None
+    fill(algo, 40, 4, None)
+    before = [p.clone() for p in algo.actor.parameters()]
+    algo.train_step(algo.replay.sample(16))
+    assert not all(torch.equal(a, b) for a, b in zip(before, algo.actor.parameters()))
+
+
+@pytest.mark.parametrize("algo_name", ["qrdqn", "c51"])
+def test_numpy_acting_picks_the_torch_nets_greedy_actions_and_follows_every_weight_change(algo_name):
+    """Epsilon-greedy acting on a few CPU rows runs the chain through numpy views of the weights
+    (``ZNetwork.greedy_numpy``): the same greedy actions as ``q(obs).argmax``, after optimizer
+    steps (the views share the parameters' memory), after ``load_state_dict`` and in a deep copy
+    (whose parameters live elsewhere: the views are made again)."""
+    import copy
+
+    algo = make(algo_name, "CartPole-v1", learning_starts=0, batch_size=16, hidden=(32, 32), lr=1e-2)
+    net = algo.actor
+    obs = torch.randn(16, 4, generator=torch.Generator().manual_seed(1)) * 2
+
+    def agree(a):
+        fast = a.actor.greedy_numpy(obs)
+        assert fast is not None
+        with torch.no_grad():
+            assert torch.equal(fast, a.actor.q(obs).argmax(-1))
+        return fast
+
+    agree(algo)
+    fill(algo, 60, 4, None)
+    with torch.no_grad():
+        q0 = net.q(obs)
+    for _ in range(25):
+        algo.train_step(algo.replay.sample(16))
+    with torch.no_grad():
+        assert not torch.allclose(net.q(obs), q0)  # the weights moved ...
+    agree(algo)  # ... and the numpy views moved with them
+    other = make(algo_name, "CartPole-v1", learning_starts=0, batch_size=16, hidden=(32, 32))
+    net.load_state_dict(other.actor.state_dict())
+    with torch.no_grad():
+        assert torch.equal(net.greedy_numpy(obs), other.actor.q(obs).argmax(-1))
+    twin = copy.deepcopy(algo)
+    with torch.no_grad():
+        for p in twin.actor.parameters():
+            p.add_(torch.randn_like(p))
+    agree(twin)
+    agree(algo)  # the original's views are its own
+    # not a chain: dueling or noisy nets act through torch
+    assert make(algo_name, "CartPole-v1", dueling=True).actor.greedy_numpy(obs) is None
+    assert make(algo_name, "CartPole-v1", noisy=True).actor.greedy_numpy(obs) is None

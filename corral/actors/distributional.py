@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -60,6 +61,56 @@ class ZNetwork(nn.Module):
         """Raw outputs ``[B, A, K]`` from raw observations (``norm``: see ``ObsEncoder.forward``)."""
         return self.head(_run(self.torso, self.enc(obs, norm)))
 
+    def chain(self):
+        """The net as one chain of linear layers, torso then head, for ``mlp_forward`` /
+        ``mlp_backward``: ``(params, acts, activation)`` -- or None where it is not one
+        (dueling streams, noisy layers, an encoder with weights of its own)."""
+        stacks = (self.torso, self.adv)
+        if self.dueling or self.enc.trainable or any(type(s) is not MLP for s in stacks):
+            return None
+        act = self.torso.act_name
+        if act not in ("relu", "tanh") or self.adv.act_name != act:
+            return None
+        plan = self.torso._plan + self.adv._plan
+        return tuple(t for w, b, _ in plan for t in (w, b)), [a is not None for *_, a in plan], act
+
+    def greedy_numpy(self, obs: torch.Tensor) -> torch.Tensor | None:
+        """``q(obs).argmax(-1)`` for a few rows on CPU with the chain run by numpy on views of
+        the weights, or None where the net is not a chain (``chain``). The views share the
+        parameters' memory, so every optimizer step shows at once (a parameter moved to new
+        memory -- a copy, ``.to()`` -- is noticed and the views made again). An epsilon-greedy
+        step acts on one row: torch dispatches each of the ~10 ops of that in ~4 us, numpy in
+        ~1 us (QR-DQN's CartPole collection: ~0.18 -> ~0.14 ms an env step). For acting only:
+        values may differ from ``q``'s in the last bits (another BLAS), so may exact ties."""
+        cached = self.__dict__.get("_numpy")
+        if cached is None or (cached and [p.data_ptr() for p in cached[0]] != cached[1]):
+            cached = self._numpy_views()
+            self.__dict__["_numpy"] = cached
+        if not cached:
+            return None
+        enc = self.enc
+        h = (obs if enc.identity else enc(obs)).detach().numpy()
+        for w, b, fn in cached[2]:
+            h = h @ w
+            h += b
+            if fn is not None:
+                fn(h)
+        return torch.from_numpy(self.expectation_numpy(h.reshape(-1, self.n, self.k)).argmax(-1))
+
+    def _numpy_views(self):
+        chain = self.chain()
+        if chain is None:
+            return False
+        params, acts, act = chain
+        fn = {"relu": lambda h: np.maximum(h, 0, out=h), "tanh": lambda h: np.tanh(h, out=h)}[act]
+        layers = [(params[2 * i].detach().numpy().T, params[2 * i + 1].detach().numpy(), fn if a else None)
+                  for i, a in enumerate(acts)]
+        return params, [p.data_ptr() for p in params], layers
+
+    def expectation_numpy(self, out: np.ndarray) -> np.ndarray:
+        """``expectation`` on a numpy array."""
+        return out[..., 0]
+
     def expectation(self, out: torch.Tensor) -> torch.Tensor:
         """``[..., A, K]`` outputs -> ``[..., A]`` Q-values."""
         return out.squeeze(-1)
@@ -90,12 +141,19 @@ class CategoricalQNetwork(ZNetwork):
     def expectation(self, out: torch.Tensor) -> torch.Tensor:
         return (out.softmax(-1) * self.support).sum(-1)
 
+    def expectation_numpy(self, out: np.ndarray) -> np.ndarray:
+        p = np.exp(out - out.max(-1, keepdims=True))
+        return (p * self.support.numpy()).sum(-1) / p.sum(-1)
+
 
 class QuantileQNetwork(ZNetwork):
     """QR-DQN (Dabney et al. 2018a): ``K`` quantiles at fractions ``(2i + 1) / 2K``; Q is their mean."""
 
     def expectation(self, out: torch.Tensor) -> torch.Tensor:
         return out.mean(-1)
+
+    def expectation_numpy(self, out: np.ndarray) -> np.ndarray:
+        return out.sum(-1) / out.shape[-1]  # np.mean's Python wrapper costs more than the sum
 
 
 def cvar(taus: torch.Tensor, eta: float) -> torch.Tensor:
@@ -118,6 +176,9 @@ class ImplicitQNetwork(ZNetwork):
         self.n_action_taus, self.risk_eta = n_action_taus, risk_eta
         self.register_buffer("cos_freq", math.pi * torch.arange(n_cos, dtype=torch.float32), persistent=False)
         self.embed = nn.Sequential(nn.Linear(n_cos, self.torso.out_dim), nn.ReLU())
+
+    def chain(self):
+        return None  # the fraction embedding multiplies in between torso and head
 
     def embedding(self, taus: torch.Tensor) -> torch.Tensor:
         """``[B, N]`` fractions -> ``[B, N, d]``."""

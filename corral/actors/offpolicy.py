@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
@@ -45,6 +46,9 @@ class ObsEncoder(nn.Module):
             self.register_buffer("raw_dims", parts.raw_dims, persistent=False)
         if self.parts is not None:
             self.dim = self.parts.out_dim
+        # flat float observations pass through unchanged (no normalizer, one-hot, CNN or parts)
+        self.identity = (len(self.shape) == 1 and np.issubdtype(obs_space.dtype, np.floating)
+                         and not (self.norm.enabled or image or self.onehot is not None or parts is not None))
 
     @property
     def trainable(self) -> bool:

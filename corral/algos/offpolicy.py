@@ -237,7 +237,7 @@ class OffPolicy(Algorithm):
         cfg = self.cfg
         steps = cfg.gradient_steps if cfg.gradient_steps > 0 else self._since_update
         self._since_update = 0
-        sums: dict[str, torch.Tensor] = {}
+        cols: dict[str, list[torch.Tensor]] = {}
         for group in self._groups(steps):
             with torch.no_grad():
                 shared = self.shared_targets(group)
@@ -250,11 +250,12 @@ class OffPolicy(Algorithm):
                         self.replay.update_priorities(batch.indices, td)
                     except ValueError as e:
                         raise TrainingError(f"{self.name}: {e}") from None
-                for k, v in stats.items():  # summed as tensors: no host read per gradient step
-                    sums[k] = sums[k] + v if k in sums else v
+                for k, v in stats.items():  # kept as tensors: no host read per gradient step
+                    cols.setdefault(k, []).append(v)
                 self.grad_steps += 1
-        # one host read per update for all metrics
-        out = dict(zip(sums, (v / steps for v in torch.stack(list(sums.values())).tolist()))) if sums else {}
+        # one host read per update for all metrics: each summed over the steps that gave it, / steps
+        sums = torch.stack([torch.stack(v).sum() for v in cols.values()]).tolist() if cols else []
+        out = {k: x / steps for k, x in zip(cols, sums)}
         return self.checked(out)
 
     def checked(self, out: dict[str, float]) -> dict[str, float]:
