@@ -470,8 +470,7 @@ def test_numpy_acting_picks_the_torch_nets_greedy_actions_and_follows_every_weig
     obs = torch.randn(16, 4, generator=torch.Generator().manual_seed(1)) * 2
 
     def agree(a):
-        fast = a.actor.greedy_numpy(obs)
-        assert fast is not None
+        fast = torch.from_numpy(a.actor.greedy_numpy(obs))
         with torch.no_grad():
             assert torch.equal(fast, a.actor.q(obs).argmax(-1))
         return fast
@@ -488,7 +487,7 @@ def test_numpy_acting_picks_the_torch_nets_greedy_actions_and_follows_every_weig
     other = make(algo_name, "CartPole-v1", learning_starts=0, batch_size=16, hidden=(32, 32))
     net.load_state_dict(other.actor.state_dict())
     with torch.no_grad():
-        assert torch.equal(net.greedy_numpy(obs), other.actor.q(obs).argmax(-1))
+        assert torch.equal(torch.from_numpy(net.greedy_numpy(obs)), other.actor.q(obs).argmax(-1))
     twin = copy.deepcopy(algo)
     with torch.no_grad():
         for p in twin.actor.parameters():

@@ -74,8 +74,8 @@ class ZNetwork(nn.Module):
         plan = self.torso._plan + self.adv._plan
         return tuple(t for w, b, _ in plan for t in (w, b)), [a is not None for *_, a in plan], act
 
-    def greedy_numpy(self, obs: torch.Tensor) -> torch.Tensor | None:
-        """``q(obs).argmax(-1)`` for a few rows on CPU with the chain run by numpy on views of
+    def greedy_numpy(self, obs: torch.Tensor) -> np.ndarray | None:
+        """``q(obs).argmax(-1)`` (as an array) for a few rows on CPU, the chain run by numpy on views of
         the weights, or None where the net is not a chain (``chain``). The views share the
         parameters' memory, so every optimizer step shows at once (a parameter moved to new
         memory -- a copy, ``.to()`` -- is noticed and the views made again). An epsilon-greedy
@@ -95,7 +95,7 @@ class ZNetwork(nn.Module):
             h += b
             if fn is not None:
                 fn(h)
-        return torch.from_numpy(self.expectation_numpy(h.reshape(-1, self.n, self.k)).argmax(-1))
+        return self.expectation_numpy(h.reshape(-1, self.n, self.k)).argmax(-1)
 
     def _numpy_views(self):
         chain = self.chain()

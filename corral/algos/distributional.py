@@ -108,8 +108,8 @@ class QuantileHuber(torch.autograd.Function):
         u = target.unsqueeze(-2) - pred.unsqueeze(-1)  # u_ij = T_j - theta_i
         w = torch.where(u < 0, 1.0 - col, col)  # |tau_i - 1{u_ij < 0}|
         c = u.clamp(-kappa, kappa)
-        ac = c.abs()
-        huber = u.abs_().sub_(ac.mul(0.5)).mul_(ac)  # |c| (|u| - |c| / 2): the Huber loss at kappa
+        # the Huber loss at kappa: c (u - c / 2), c = clamp(u) (u^2 / 2 inside, kappa (|u| - kappa / 2) out)
+        huber = u.sub_(c.mul(0.5)).mul_(c)
         loss = huber.mul_(w).mean(-1).sum(-1)
         return (loss if kappa == 1 else loss.div_(kappa)), w.mul_(c).mean(-1).div_(-kappa)
 
@@ -249,7 +249,8 @@ class QRDQN(DistributionalDQN):
 
     def chosen_index(self, batch):
         """``gather`` index ``[B, 1, N]`` of the taken actions' quantiles in ``[B, A, N]``."""
-        return batch.action.long().view(-1, 1, 1).expand(-1, 1, self.cfg.n_quantiles)
+        a = batch.action
+        return (a if a.dtype == torch.long else a.long()).view(-1, 1, 1).expand(-1, 1, self.cfg.n_quantiles)
 
     # --- the step without autograd
     def train_step(self, batch, shared=None):

@@ -10,6 +10,7 @@ import copy
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -59,6 +60,7 @@ class DQN(OffPolicy):
         self.target = copy.deepcopy(self.actor).requires_grad_(False)
         self.optimizer = self._optimizer(self.actor.parameters(), cfg.lr)
         self.n_actions = int(act_space.n)
+        self._numpy_net = None  # see _acts_in_numpy
 
     def make_q_network(self) -> torch.nn.Module:
         """The online Q-network (the target is its copy). A distributional subclass returns
@@ -90,7 +92,14 @@ class DQN(OffPolicy):
         n = obs.shape[0]
         g = self.rng["noise"]
         random_action = torch.randint(self.n_actions, (n,), generator=g, device=self.device)
-        explore_mask = torch.rand(n, generator=g, device=self.device) < self.epsilon
+        u = torch.rand(n, generator=g, device=self.device)
+        if self._acts_in_numpy(obs):  # the same draws and choices, decided in numpy (greedy_numpy)
+            explore_mask = u.numpy() < self.epsilon
+            if explore_mask.all():
+                return random_action, Action(random_action)
+            action = torch.from_numpy(np.where(explore_mask, random_action.numpy(), self.actor.greedy_numpy(obs)))
+            return action, Action(action)
+        explore_mask = u < self.epsilon
         if bool(explore_mask.all()):  # early on, skip the forward pass entirely
             action = random_action
         else:
@@ -100,12 +109,18 @@ class DQN(OffPolicy):
         return action, Action(action)
 
     def greedy(self, obs) -> torch.Tensor:
-        """The exploring policy's greedy actions (a few rows on CPU: ``ZNetwork.greedy_numpy``)."""
-        if obs.shape[0] <= 16 and obs.device.type == "cpu" and isinstance(self.actor, ZNetwork):
-            action = self.actor.greedy_numpy(obs)
-            if action is not None:
-                return action
+        """The exploring policy's greedy actions."""
+        if self._acts_in_numpy(obs):
+            return torch.from_numpy(self.actor.greedy_numpy(obs))
         return self.actor.q(obs).argmax(-1)
+
+    def _acts_in_numpy(self, obs) -> bool:
+        """Whether acting on ``obs`` goes through ``ZNetwork.greedy_numpy``: a few rows on CPU,
+        a net that is one chain of linear layers (no noise to draw)."""
+        if self._numpy_net is None:  # found once: a net's layout never changes
+            self._numpy_net = (not self.cfg.noisy and isinstance(self.actor, ZNetwork)
+                               and self.actor.chain() is not None)
+        return self._numpy_net and obs.shape[0] <= 16 and obs.device.type == "cpu"
 
     def draw_noise(self, batch_size):
         # Noisy nets: fresh noise for the online and the target net every gradient step. It
