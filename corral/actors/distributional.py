@@ -80,9 +80,9 @@ class ZNetwork(nn.Module):
         parameters' memory, so every optimizer step shows at once (a parameter moved to new
         memory -- a copy, ``.to()`` -- is noticed and the views made again). An epsilon-greedy
         step acts on one row: torch dispatches each of the ~10 ops of that in ~4 us, numpy in
-        ~1 us (QR-DQN's CartPole collection, with the epsilon decision in numpy too: ~0.185 -> ~0.125
-        ms an env step). For acting only:
-        values may differ from ``q``'s in the last bits (another BLAS), so may exact ties."""
+        ~1 us (QR-DQN's CartPole collection, with the epsilon decision in numpy too: ~0.185 ->
+        ~0.125 ms an env step). For acting only: values may differ from ``q``'s in the last bits
+        (another BLAS), so may exact ties."""
         cached = self.__dict__.get("_numpy")
         if cached is None or (cached and [p.data_ptr() for p in cached[0]] != cached[1]):
             cached = self._numpy_views()
