@@ -36,14 +36,17 @@ class MLP(nn.Sequential):
         act: str = "tanh",
         out_dim: int | None = None,
         out_gain: float = 1.0,
+        init: str = "orthogonal",
     ):
+        # init "torch": nn.Linear's own (Kaiming-uniform) init, as SB3's DQN-family nets keep it
+        keep = (lambda layer, gain=None: layer) if init == "torch" else layer_init
         layers: list[nn.Module] = []
         last = in_dim
         for h in hidden:
-            layers += [layer_init(nn.Linear(last, h)), activation(act)()]
+            layers += [keep(nn.Linear(last, h)), activation(act)()]
             last = h
         if out_dim is not None:
-            layers.append(layer_init(nn.Linear(last, out_dim), gain=out_gain))
+            layers.append(keep(nn.Linear(last, out_dim), gain=out_gain))
             last = out_dim
         super().__init__(*layers)
         self.out_dim = last

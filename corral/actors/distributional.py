@@ -24,10 +24,11 @@ from corral.actors.offpolicy import ObsEncoder
 from corral.nets import MLP, NoisyMLP, mean_weights, reset_noise
 
 
-def _stack(in_dim: int, hidden, act: str, out_dim: int | None, noisy: bool, sigma0: float) -> nn.Module:
+def _stack(in_dim: int, hidden, act: str, out_dim: int | None, noisy: bool, sigma0: float,
+           init: str = "orthogonal") -> nn.Module:
     if noisy:
         return NoisyMLP(in_dim, hidden, act, out_dim, sigma0)
-    return MLP(in_dim, hidden, act, out_dim=out_dim)
+    return MLP(in_dim, hidden, act, out_dim=out_dim, init=init)
 
 
 def _run(stack: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -39,16 +40,17 @@ class ZNetwork(nn.Module):
     """Encoder, torso and a (dueling) head with ``K`` outputs per action: ``[B, A, K]``."""
 
     def __init__(self, obs_space, n_actions: int, k: int, hidden=(256, 256), activation="relu",
-                 dueling: bool = False, noisy: bool = False, sigma0: float = 0.5, normalize_obs: bool = False):
+                 dueling: bool = False, noisy: bool = False, sigma0: float = 0.5, normalize_obs: bool = False,
+                 init: str = "orthogonal"):
         super().__init__()
         self.enc = ObsEncoder(obs_space, normalize_obs)
         self.n, self.k, self.dueling = n_actions, k, dueling
         hidden = tuple(hidden)
-        self.torso = _stack(self.enc.dim, hidden[:-1], activation, None, noisy, sigma0)
+        self.torso = _stack(self.enc.dim, hidden[:-1], activation, None, noisy, sigma0, init)
         width = self.torso.out_dim
         head_hidden = hidden[-1:]
-        self.adv = _stack(width, head_hidden, activation, n_actions * k, noisy, sigma0)
-        self.value = _stack(width, head_hidden, activation, k, noisy, sigma0) if dueling else None
+        self.adv = _stack(width, head_hidden, activation, n_actions * k, noisy, sigma0, init)
+        self.value = _stack(width, head_hidden, activation, k, noisy, sigma0, init) if dueling else None
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Torso features ``[..., d]`` -> ``[..., A, K]``."""

@@ -199,6 +199,8 @@ class C51(DistributionalDQN):
 class QRDQNConfig(DQNConfig):
     n_quantiles: int = option(200, "quantiles per action (sb3-contrib's default)", ge=1)
     kappa: float = option(1.0, "quantile Huber threshold (0: plain quantile regression loss)", ge=0)
+    init: Literal["orthogonal", "torch"] = option(
+        "orthogonal", "MLP weight init: orthogonal with gain sqrt(2), or torch's default (sb3-contrib's)")
 
 
 class QRDQN(DistributionalDQN):
@@ -212,7 +214,8 @@ class QRDQN(DistributionalDQN):
         self._chain = None  # see _direct_chain
 
     def make_q_network(self):
-        return QuantileQNetwork(self.obs_space, int(self.act_space.n), self.cfg.n_quantiles, **self.net_kwargs())
+        return QuantileQNetwork(self.obs_space, int(self.act_space.n), self.cfg.n_quantiles, init=self.cfg.init,
+                                **self.net_kwargs())
 
     def shared_targets(self, batch):
         # Without double the TD targets depend on the target net alone, which an update does not
