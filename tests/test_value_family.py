@@ -497,3 +497,16 @@ def test_numpy_acting_picks_the_torch_nets_greedy_actions_and_follows_every_weig
     # not a chain: dueling or noisy nets act through torch
     assert make(algo_name, "CartPole-v1", dueling=True).actor.greedy_numpy(obs) is None
     assert make(algo_name, "CartPole-v1", noisy=True).actor.greedy_numpy(obs) is None
+
+
+def test_qrdqn_init_option_keeps_torchs_linear_init_or_makes_the_weights_orthogonal():
+    """``qrdqn.init``: ``torch`` leaves nn.Linear's own init (uniform within 1/sqrt(fan_in), as
+    sb3-contrib's nets; the presets' choice), ``orthogonal`` (the default) makes each hidden
+    weight orthogonal with gain sqrt(2)."""
+    torch_net = make("qrdqn", "CartPole-v1", hidden=(64, 64), init="torch").actor
+    orth_net = make("qrdqn", "CartPole-v1", hidden=(64, 64)).actor
+    w_torch, w_orth = torch_net.adv._plan[0][0], orth_net.adv._plan[0][0]  # the 64x64 hidden layer
+    assert w_torch.abs().max() <= 1 / math.sqrt(64) + 1e-6
+    assert torch.allclose(w_orth @ w_orth.t(), 2.0 * torch.eye(64), atol=1e-4)
+    assert not torch.allclose(w_torch @ w_torch.t(), 2.0 * torch.eye(64), atol=1e-1)
+    assert torch_net.adv._plan[0][1].abs().max() > 0 and orth_net.adv._plan[0][1].abs().max() == 0
