@@ -93,3 +93,40 @@ def test_a_deep_copied_module_and_optimizer_learn_as_the_original_would(cls):
     assert all(torch.equal(a, b) for a, b in zip(moved, net.parameters()))  # as the original did
     p = next(twin["net"].parameters())
     assert p.data_ptr() == twin["opt"].flat.data_ptr() and p.data_ptr() != holder["opt"].flat.data_ptr()
+
+
+def test_adam_steps_with_subnormal_moments_flush_them_and_leave_the_threads_float_mode_as_it_was():
+    """Subnormal second moments (squared gradients of a unit that barely learns) are flushed to
+    zero inside the step, which keeps the CPU off its slow subnormal path; the parameters move
+    as torch.optim.Adam moves them, and the thread's flush-to-zero mode is restored."""
+    from corral.optim import denormals_flushed
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(8, 4)
+    ref = copy.deepcopy(net)
+    opt = FlatAdam(net.parameters(), lr=1e-3, eps=1e-8)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-3, eps=1e-8, foreach=False)
+    g = torch.Generator().manual_seed(1)
+    for step in range(20):
+        grads = torch.randn(opt.grad.shape, generator=g)
+        grads[: grads.numel() // 2] *= 1e-20  # squares (~1e-40, times 1 - beta2) subnormal
+        opt.grad.copy_(grads)
+        for p, ref_p in zip(net.parameters(), ref.parameters()):
+            ref_p.grad = p.grad.clone()
+        assert not denormals_flushed()
+        opt.step()
+        ref_opt.step()
+        assert not denormals_flushed()  # restored after the step
+        for a, b in zip(net.parameters(), ref.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    half = opt.exp_avg_sq[: opt.grad.numel() // 2]
+    assert torch.equal(half, torch.zeros_like(half))  # flushed, not kept as subnormals
+    ref_sq = torch.cat([ref_opt.state[p]["exp_avg_sq"].flatten() for p in ref.parameters()])
+    assert (ref_sq[: opt.grad.numel() // 2] > 0).any()  # torch's own Adam keeps them
+
+    torch.set_flush_denormal(True)  # a process that flushes already: the step leaves it so
+    try:
+        opt.step()
+        assert denormals_flushed()
+    finally:
+        torch.set_flush_denormal(False)

@@ -510,3 +510,24 @@ def test_qrdqn_init_option_keeps_torchs_linear_init_or_makes_the_weights_orthogo
     assert torch.allclose(w_orth @ w_orth.t(), 2.0 * torch.eye(64), atol=1e-4)
     assert not torch.allclose(w_torch @ w_torch.t(), 2.0 * torch.eye(64), atol=1e-1)
     assert torch_net.adv._plan[0][1].abs().max() > 0 and orth_net.adv._plan[0][1].abs().max() == 0
+
+
+@pytest.mark.parametrize("algo_name", ["dqn", "qrdqn", "c51"])
+def test_an_updates_target_forward_runs_once_per_distinct_slot_and_gives_every_draws_values(algo_name):
+    """``shared_targets`` over an update's k * B draws: the target net sees each distinct replay
+    slot once (a draw repeats a slot's next observation), and every draw gets the values the
+    forward over all draws gives."""
+    algo = make(algo_name, "CartPole-v1", learning_starts=0, batch_size=16, hidden=(32, 32))
+    fill(algo, 100, 4, None)  # 400 slots
+    batch = algo.replay.sample(16 * 64)  # 1,024 draws: many repeats
+    distinct = batch.indices.unique().numel()
+    assert distinct < 0.9 * batch.indices.numel()
+    rows, over = [], algo.over_distinct
+    algo.over_distinct = lambda fn, b: over(lambda x: rows.append(x.shape[0]) or fn(x), b)
+    with torch.no_grad():
+        got = algo.shared_targets(batch)
+        algo.over_distinct = lambda fn, b: fn(b.next_obs)  # the forward over every draw
+        expect = algo.shared_targets(batch)
+    assert rows == [distinct]
+    torch.testing.assert_close(got, expect, rtol=1e-6, atol=1e-6)
+    assert got.shape[0] == batch.indices.numel()

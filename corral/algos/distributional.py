@@ -108,10 +108,13 @@ class QuantileHuber(torch.autograd.Function):
         u = target.unsqueeze(-2) - pred.unsqueeze(-1)  # u_ij = T_j - theta_i
         w = torch.where(u < 0, 1.0 - col, col)  # |tau_i - 1{u_ij < 0}|
         c = u.clamp(-kappa, kappa)
-        # the Huber loss at kappa: c (u - c / 2), c = clamp(u) (u^2 / 2 inside, kappa (|u| - kappa / 2) out)
-        huber = u.sub_(c.mul(0.5)).mul_(c)
-        loss = huber.mul_(w).mean(-1).sum(-1)
-        return (loss if kappa == 1 else loss.div_(kappa)), w.mul_(c).mean(-1).div_(-kappa)
+        # The Huber loss at kappa is c (u - c / 2), c = clamp(u) (u^2 / 2 inside, kappa (|u| -
+        # kappa / 2) out), so w c serves both: summed, the gradient; times (u - c / 2), the loss.
+        # Nine passes over the pairs, the 1 / (N' kappa) on the [B, N] sums.
+        wc = w.mul_(c)
+        scale = 1.0 / (u.shape[-1] * kappa)
+        loss = u.sub_(c, alpha=0.5).mul_(wc).sum((-1, -2)).mul_(scale)
+        return loss, wc.sum(-1).mul_(-scale)
 
     @staticmethod
     def backward(ctx, g):
@@ -132,7 +135,7 @@ class DistributionalDQN(DQN):
 
     def shared_targets(self, batch):
         # the target net's next-state outputs, once per update (not with noise: it is redrawn every step)
-        return None if self.cfg.noisy else self.target_out(batch.next_obs)
+        return None if self.cfg.noisy else self.over_distinct(self.target_out, batch)
 
     def target_out(self, obs):
         return self.target.out(obs, norm=self.actor.enc.norm)
@@ -245,7 +248,7 @@ class QRDQN(DistributionalDQN):
         """``r + discount * theta_j(s', a')`` ``[B, N]``, ``a'`` greedy on the mean of the
         target net's quantiles (the online net's Q with ``double``)."""
         if next_target is None:
-            next_target = self.target_out(batch.next_obs)
+            next_target = self.over_distinct(self.target_out, batch)
         a = self.next_action(next_q_online, next_target.mean(-1))
         rows = torch.arange(next_target.shape[0], device=next_target.device)
         return batch.reward.unsqueeze(-1) + batch.discount.unsqueeze(-1) * next_target[rows, a]

@@ -137,7 +137,7 @@ class DQN(OffPolicy):
         # The target net only changes between updates (target_update runs in observe), so one
         # forward over every step's next_obs serves the whole update (noisy nets: the noise
         # is redrawn every gradient step, so each step computes its own).
-        return None if self.cfg.noisy else self.target_q(batch.next_obs)
+        return None if self.cfg.noisy else self.over_distinct(self.target_q, batch)
 
     def target_q(self, obs):
         """The target net's Q-values, with observations normalized by the online normalizer's

@@ -22,7 +22,7 @@ import torch
 from corral import config as C
 from corral.actors.normalizer import normalizers
 from corral.algos import get_algo
-from corral.algos.base import Step
+from corral.algos.base import Algorithm, Step
 from corral.envs.base import episode_done
 from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
@@ -190,14 +190,21 @@ class Learner:
         total = self.cfg.steps
         tally = EpisodeTally(n, self.device) if self.device_resident else None
         no_grad = torch.no_grad()
+        # the hooks most algorithms leave as the base class's no-ops: not called, not even the | of them
+        kind = type(algo)
+        rewarded = algo.rewarded if kind.rewarded is not Algorithm.rewarded else None
+        ended = algo.episodes_ended if kind.episodes_ended is not Algorithm.episodes_ended else None
+        explore, observe, step = algo.explore, algo.observe, env.step
         while self.env_steps < total:
             with no_grad:
-                env_action, extras = algo.explore(obs)
-                next_obs, reward, terminated, truncated, info = env.step(env_action)
-                algo.observe(Step(obs, extras, reward, terminated, truncated, info["final_obs"], next_obs,
-                                  agents=info.get("agents")))
-                algo.rewarded(reward)
-                algo.episodes_ended(terminated | truncated)
+                env_action, extras = explore(obs)
+                next_obs, reward, terminated, truncated, info = step(env_action)
+                observe(Step(obs, extras, reward, terminated, truncated, info["final_obs"], next_obs,
+                             agents=info.get("agents")))
+                if rewarded is not None:
+                    rewarded(reward)
+                if ended is not None:
+                    ended(terminated | truncated)
             obs = next_obs
             self.obs = obs
             self.add_steps(n)
