@@ -531,3 +531,28 @@ def test_an_updates_target_forward_runs_once_per_distinct_slot_and_gives_every_d
     assert rows == [distinct]
     torch.testing.assert_close(got, expect, rtol=1e-6, atol=1e-6)
     assert got.shape[0] == batch.indices.numel()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_epsilon_greedy_acting_in_numpy_makes_the_torch_paths_choices_from_the_same_draws(n):
+    """``DQN.explore`` on a chain net decides in numpy (one env: one float comparison); with the
+    noise stream in the same state, it takes the torch path's actions, step after step, at an
+    epsilon between 0 and 1."""
+    import copy
+
+    fast = make("qrdqn", "CartPole-v1", learning_starts=0, hidden=(32, 32), exploration_fraction=0.5)
+    fast.total_steps, fast.env_steps = 1000, 250
+    assert 0.3 < fast.epsilon < 0.7
+    slow = copy.deepcopy(fast)
+    slow._numpy_net = False  # torch's ops for the same decision
+    g = torch.Generator().manual_seed(3)
+    explored = 0
+    for _ in range(200):
+        obs = torch.randn(n, 4, generator=g)
+        a_fast, _ = fast.explore(obs)
+        a_slow, _ = slow.explore(obs)
+        assert torch.equal(a_fast, a_slow)
+        assert fast._acts_in_numpy(obs) and not slow._acts_in_numpy(obs)
+        with torch.no_grad():
+            explored += int((a_fast != fast.actor.q(obs).argmax(-1)).sum())
+    assert explored > 10  # some actions were the random ones
