@@ -95,8 +95,8 @@ class DQN(OffPolicy):
         u = torch.rand(n, generator=g, device=self.device)
         if self._acts_in_numpy(obs):  # the same draws and choices, decided in numpy (greedy_numpy)
             if n == 1:  # one env: one comparison of Python floats (epsilon rounded to float32 as torch's < does)
-                explore = u.item() < float(np.float32(self.epsilon))
-                action = random_action if explore else torch.from_numpy(self.actor.greedy_numpy(obs))
+                at_random = u.item() < float(np.float32(self.epsilon))
+                action = random_action if at_random else torch.from_numpy(self.actor.greedy_numpy(obs))
                 return action, Action(action)
             explore_mask = u.numpy() < self.epsilon
             if explore_mask.all():

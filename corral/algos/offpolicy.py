@@ -215,9 +215,9 @@ class OffPolicy(Algorithm):
         On CPU, where that forward is arithmetic the machine does row by row; a GPU does the
         whole batch at once, and the sort would only add launches."""
         idx, x = getattr(batch, "indices", None), batch.next_obs
-        if idx is None or not isinstance(x, torch.Tensor) or x.device.type != "cpu" or idx.numel() <= 4 * self.cfg.batch_size:
+        n = 0 if idx is None else idx.numel()
+        if n <= 4 * self.cfg.batch_size or not isinstance(x, torch.Tensor) or x.device.type != "cpu":
             return fn(x)
-        n = idx.numel()
         uniq, inv = torch.unique(idx, return_inverse=True)
         if uniq.numel() * 10 > n * 9:  # few repeats: the sort and the gathers would cost more
             return fn(x)
