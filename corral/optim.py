@@ -49,8 +49,8 @@ class FlatAdam:
         self._step_t = torch.zeros((), dtype=torch.float32, device=device)
         self.lr, self.betas, self.eps, self.max_grad_norm = lr, tuple(betas), eps, max_grad_norm
         # Subnormal moments (the squared gradients of units that barely learn decay into them)
-        # make the CPU's arithmetic on them ~10x slower: QR-DQN's CartPole preset spent ~60 us
-        # an Adam step instead of ~33 after a few thousand steps. Flushed to zero during the
+        # take the CPU's slow path: QR-DQN's CartPole preset spent ~62 us an Adam step instead
+        # of ~33 (the same buffer size, normal values) after a few thousand steps. Flushed to zero during the
         # step, as TensorFlow and XLA do on CPU by default. A subnormal moment's share of an
         # update is below float32's resolution of any parameter above ~1e-30, so the steps are
         # Adam's; the flag is this thread's, set and restored around the kernel.
