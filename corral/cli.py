@@ -1,4 +1,4 @@
-"""``corral train / eval / resume / export / list / plot``. Everything here is reachable from the API."""
+"""``corral train / eval / resume / export / list / plot / bench / report``. Everything here is reachable from the API."""
 
 from __future__ import annotations
 
@@ -42,53 +42,10 @@ def _finish(summary: dict, as_json: bool) -> int:
 
 
 def _cmd_resume(args) -> int:
-    from corral.agent import config_from_dict
-    from corral.train.checkpoint import load_checkpoint
-    from corral.train.learner import Learner
+    from corral.train.learner import resume_learner
 
-    from corral.train.setup import resolve_device
-
-    if args.device is not None:
-        resolve_device(args.device)  # no GPU for --device cuda: one error before anything is read or written
-    run_dir = Path(args.run_dir)
-    ckpt = run_dir / "checkpoints" / "latest.pt"
-    if not ckpt.is_file():
-        raise UserError(f"{str(run_dir)!r} has no checkpoints/latest.pt to resume from")
-    state = load_checkpoint(ckpt)
-    cfg = config_from_dict(state["config"])
-    if args.steps is not None:
-        cfg.steps = args.steps
-    if args.device is not None:
-        cfg.device = args.device
-    else:
-        try:
-            resolve_device(cfg.device)
-        except UserError:
-            raise UserError(f"the run was trained with device {cfg.device!r}, which this machine does not have; "
-                            "continue it here with --device cpu (or --device auto)") from None
-    if args.set:  # e.g. move a run between in-process and Ray workers: --set scheme.collectors=2
-        from corral import config as C
-
-        C.apply_set(cfg, C.parse_set(args.set))
-    if args.json:
-        cfg.progress = False
-    if state["counters"]["env_steps"] >= cfg.steps:
-        raise UserError(f"the run already has {state['counters']['env_steps']:,} steps; pass --steps with a larger total")
-    learner = Learner(cfg, run_dir)
-    try:
-        learner.load_state_dict(state)
-    except (KeyError, RuntimeError, ValueError) as e:
-        from corral.envs.spaces import layout_of
-
-        layout = layout_of(learner.algo.obs_space) or []
-        hint = ("; runs saved before integer parts of Dict / Tuple observations were stored compactly "
-                "cannot be resumed (corral.load and corral eval still act with them)") if any(p.nvec for p in layout) else ""
-        learner.env.close()
-        raise UserError(f"checkpoint {str(ckpt)!r} does not match its config "
-                        f"({type(e).__name__}: {str(e).splitlines()[0][:300]}){hint}") from None
-    from corral import config as C
-
-    (run_dir / "config.yaml").write_text(C.dump_yaml(cfg))
+    learner = resume_learner(args.run_dir, steps=args.steps, device=args.device, sets=args.set or [],
+                             progress=False if args.json else None)
     return _finish(learner.train(), args.json)
 
 
@@ -232,6 +189,18 @@ def _cmd_pbt(args) -> int:
                                                                                       "env_steps", "eval_return")))
     print(f"best: {r['best']['trial']} (eval {r['best']['eval_return']:.1f}); schedules: {r['schedules']}, {r['plot']}")
     return 0
+
+
+def _cmd_bench(args) -> int:
+    from corral.bench import cli as bench_cli
+
+    return bench_cli.bench(args)
+
+
+def _cmd_report(args) -> int:
+    from corral.bench import cli as bench_cli
+
+    return bench_cli.report(args)
 
 
 def _protocol_text(result: dict) -> str:
@@ -443,6 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
         tp.add_argument("--resume", action="store_true", help="continue the interrupted search in --out")
         tp.add_argument("--json", action="store_true")
         tp.set_defaults(fn=_cmd_tune if name == "tune" else _cmd_pbt)
+
+    from corral.bench.cli import add_parsers as add_bench_parsers
+
+    add_bench_parsers(sub, _cmd_bench, _cmd_report)
 
     from corral.solve import add_solve_parser
 

@@ -264,19 +264,22 @@ class Learner:
             summary = learner.close()
 
         ``hooks``: more objects called as ``hook(learner, stats)`` after every update (after the
-        built-in metrics, checkpoint and evaluation hooks) and ``hook.close(learner)`` at the end;
+        built-in metrics, evaluation and checkpoint hooks) and ``hook.close(learner)`` at the end;
         a hook sets ``learner.stop = True`` to end the run there. ``train()`` is exactly this loop."""
         cfg = self.cfg
         metrics = MetricsHook(self)
-        self._hooks: list[Any] = [metrics]
-        if self.run_dir is not None:
-            self._hooks.append(CheckpointHook(self))
         self._evaluator = EvalHook(self, metrics)
-        self._hooks.append(self._evaluator)
+        # evaluation before the checkpoint of the same update: the checkpoint then holds the
+        # evaluation schedule past it, and a resumed run evaluates where one never stopped would
+        checkpoint = [CheckpointHook(self)] if self.run_dir is not None else []
+        progress = []
         if cfg.progress and not self.quiet:
             self._evaluator.progress = ProgressHook(self)
-            self._hooks.insert(0, self._evaluator.progress)
-        self._hooks += list(hooks or [])
+            progress = [self._evaluator.progress]
+        self._hooks: list[Any] = [*progress, metrics, self._evaluator, *checkpoint, *(hooks or [])]
+        # closing: the user's hooks, the final evaluation, then the last checkpoint (it holds
+        # the final evaluation's counters), then the metrics and the progress bar
+        self._closing = [*reversed(hooks or []), self._evaluator, *checkpoint, metrics, *progress]
         self.stop = False
         self._t0 = time.perf_counter() - self.train_seconds
         self._stopped_early = self._finished = False
@@ -338,8 +341,7 @@ class Learner:
         if self._updates_here == 0 and not self.failed:
             self.train_seconds = time.perf_counter() - self._t0
         try:
-            # Hooks close in reverse so the final eval runs before the last checkpoint is written.
-            for hook in reversed(self._hooks):
+            for hook in self._closing:
                 try:
                     hook.close(self)
                 except Exception:
@@ -465,3 +467,51 @@ class Learner:
             print(f"note: env {self.cfg.env.id!r} cannot be copied into a checkpoint; "
                   "the resumed run starts fresh episodes", file=sys.stderr)
             self.obs = self.env.reset(seed=self.rng.env_seed() + self.env_steps)
+
+
+def resume_learner(run_dir: str | Path, *, steps: int | None = None, device: str | None = None,
+                   sets: list[str] | tuple = (), progress: bool | None = None, quiet: bool = False) -> Learner:
+    """The Learner of ``run_dir`` at its latest checkpoint, ready to ``train()`` on (``corral
+    resume``; ``corral bench`` for an interrupted run). ``steps``: a new total budget;
+    ``device``: where to continue; ``sets``: config overrides (``scheme.collectors=2``)."""
+    from corral.agent import config_from_dict
+    from corral.train.checkpoint import load_checkpoint
+
+    if device is not None:
+        resolve_device(device)  # no GPU for --device cuda: one error before anything is read or written
+    run_dir = Path(run_dir)
+    ckpt = run_dir / "checkpoints" / "latest.pt"
+    if not ckpt.is_file():
+        raise UserError(f"{str(run_dir)!r} has no checkpoints/latest.pt to resume from")
+    state = load_checkpoint(ckpt)
+    cfg = config_from_dict(state["config"])
+    if steps is not None:
+        cfg.steps = steps
+    if device is not None:
+        cfg.device = device
+    else:
+        try:
+            resolve_device(cfg.device)
+        except UserError:
+            raise UserError(f"the run was trained with device {cfg.device!r}, which this machine does not have; "
+                            "continue it here with --device cpu (or --device auto)") from None
+    if sets:  # e.g. move a run between in-process and Ray workers: --set scheme.collectors=2
+        C.apply_set(cfg, C.parse_set(list(sets)))
+    if progress is not None:
+        cfg.progress = progress
+    if state["counters"]["env_steps"] >= cfg.steps:
+        raise UserError(f"the run already has {state['counters']['env_steps']:,} steps; pass --steps with a larger total")
+    learner = Learner(cfg, run_dir, quiet=quiet)
+    try:
+        learner.load_state_dict(state)
+    except (KeyError, RuntimeError, ValueError) as e:
+        from corral.envs.spaces import layout_of
+
+        layout = layout_of(learner.algo.obs_space) or []
+        hint = ("; runs saved before integer parts of Dict / Tuple observations were stored compactly "
+                "cannot be resumed (corral.load and corral eval still act with them)") if any(p.nvec for p in layout) else ""
+        learner.env.close()
+        raise UserError(f"checkpoint {str(ckpt)!r} does not match its config "
+                        f"({type(e).__name__}: {str(e).splitlines()[0][:300]}){hint}") from None
+    (run_dir / "config.yaml").write_text(C.dump_yaml(cfg))
+    return learner

@@ -1,0 +1,160 @@
+"""``corral bench`` and ``corral report``: argument parsing and printing; the work is in
+``suite``, ``execute``, ``estimate`` and ``report``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from corral.errors import UserError
+
+
+def add_parsers(sub, bench_fn, report_fn) -> None:
+    b = sub.add_parser(
+        "bench", help="run a benchmark suite (a grid of algos x envs x seeds) that resumes where it stopped",
+        description="Run every run of a suite, each a process of its own (locally: at most --jobs at once, "
+                    "within --memory; with --ray: Ray tasks on a cluster). Running the same command again "
+                    "continues: finished runs are skipped, interrupted ones resume from their latest checkpoint, "
+                    "failed ones are retried --retries times. `corral report OUT` publishes the results. "
+                    "docs/benchmarking.md")
+    b.add_argument("suite", nargs="?", help="a built-in suite (--list) or a suite YAML file")
+    b.add_argument("--list", action="store_true", help="the built-in suites")
+    b.add_argument("--dry-run", action="store_true", help="print the runs with estimated CPU-hours and memory; run nothing")
+    b.add_argument("--probe", type=float, metavar="SECONDS",
+                   help="with --dry-run: measure each cell's speed here for about SECONDS of CPU (default: the "
+                        "speeds recorded in the suite)")
+    b.add_argument("--out", help="output folder (default bench/<suite name>)")
+    b.add_argument("--jobs", type=int, help="runs at once (default: the CPU cores / the suite's threads per run)")
+    b.add_argument("--memory", type=float, metavar="GIB", help="memory the runs may use together (default: what is "
+                                                                 "available now less 1 GiB)")
+    b.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster (e.g. auto, or ray://host:10001); the "
+                                                     "output folder must be on a file system every node sees")
+    b.add_argument("--retries", type=int, default=2, help="times a failed run is retried (default 2)")
+    b.add_argument("--allow-code-change", action="store_true",
+                   help="resume runs whose checkpoints were written by other code (the report marks them)")
+    b.add_argument("--seeds", help="comma-separated seeds instead of the suite's")
+    b.add_argument("--only", action="append", metavar="TEXT", help="only the cells whose algo/env contains TEXT "
+                                                                    "(repeatable)")
+    b.add_argument("--steps-scale", type=float, default=1.0, help="scale every budget (a smoke run: 0.01)")
+    b.add_argument("--no-live", action="store_true", help="one line per state change instead of the live table")
+    b.add_argument("--json", action="store_true", help="print a JSON summary (or the dry run's rows) last")
+    b.set_defaults(fn=bench_fn)
+
+    r = sub.add_parser(
+        "report", help="CSV, markdown tables and figures of a suite's results",
+        description="Write evals.csv, runs.csv, report.md and PNG figures from a suite's output folder (or from "
+                    "a results folder holding evals.csv and runs.csv). --page writes a documentation page from "
+                    "one or more results folders. docs/benchmarking.md")
+    r.add_argument("paths", nargs="+", help="suite output folders (corral bench --out) or results folders")
+    r.add_argument("--out", help="where to write (default <path>/report); one path only")
+    r.add_argument("--page", help="write one markdown page for all the paths (e.g. docs/results.md)")
+    r.add_argument("--figures", help="with --page: folder for the figures (default: beside the page, img/results)")
+    r.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    r.set_defaults(fn=report_fn)
+
+
+def _runs(args, suite):
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    runs = suite.runs(seeds=seeds, steps_scale=args.steps_scale, only=args.only)
+    if not runs:
+        raise UserError("no run matches --only / --seeds")
+    return runs
+
+
+def bench(args) -> int:
+    from corral.bench.suite import builtin_suites, load_suite
+
+    if args.list:
+        for name, path in sorted(builtin_suites().items()):
+            s = load_suite(path)
+            print(f"  {name:10s} {len(s.cells):3d} cells x {len(s.seeds)} seeds  {s.description.splitlines()[0] if s.description else ''}")
+        return 0
+    if not args.suite:
+        raise UserError("name a suite (corral bench --list shows the built-in ones) or a suite file")
+    suite = load_suite(args.suite)
+    runs = _runs(args, suite)
+    if args.dry_run:
+        return _dry_run(args, suite, runs)
+    if args.probe is not None:
+        raise UserError("--probe measures speeds for --dry-run; add --dry-run")
+    from corral.bench import execute
+
+    out = Path(args.out or Path("bench") / suite.name)
+    execute.prepare(suite, out, runs)
+    live = not args.no_live and not args.json
+    if args.ray:
+        outcome = execute.run_ray(suite, out, runs, address=args.ray, retries=args.retries,
+                                  allow_code_change=args.allow_code_change, live=live)
+    else:
+        jobs = args.jobs or max(1, (os.cpu_count() or 1) // max(1, suite.threads))
+        memory = int(args.memory * 2**30) if args.memory else None
+        outcome = execute.run_local(suite, out, runs, jobs=jobs, memory=memory, retries=args.retries,
+                                    allow_code_change=args.allow_code_change, live=live)
+    summary = {"out": str(out), "runs": len(runs), "done": len(outcome.done), "failed": outcome.failed,
+               "refused": outcome.refused, "busy": outcome.busy}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{len(outcome.done)} of {len(runs)} runs done in {out}")
+        for name, err in outcome.failed.items():
+            print(f"failed: {name} (retries used up); the end of its log:\n  " + err.replace("\n", "\n  "))
+        if outcome.refused:
+            print(f"refused (their checkpoints were written by other code; --allow-code-change continues them, "
+                  f"the report marks them): {', '.join(outcome.refused)}")
+        if outcome.busy:
+            print(f"running in another process: {', '.join(outcome.busy)}")
+        if len(outcome.done) == len(runs):
+            print(f"report: corral report {out}")
+    return 0 if len(outcome.done) == len(runs) else 1
+
+
+def _dry_run(args, suite, runs) -> int:
+    from corral.bench import estimate
+
+    speeds = {}
+    source = f"recorded in the suite ({suite.machine})" if suite.machine else "recorded in the suite"
+    if args.probe is not None:
+        source = f"measured here ({args.probe:g} s probes)"
+        for run in runs:
+            if run.cell not in speeds:
+                print(f"probing {run.cell} ...", file=sys.stderr, flush=True)
+                speeds[run.cell] = estimate.probe(run, args.probe)
+    else:
+        speeds = {r.cell: sp for r in runs if (sp := estimate.recorded(suite, r)) is not None}
+    rows = estimate.plan(suite, runs, speeds)
+    if args.json:
+        print(json.dumps({"rows": rows, "speeds": {k: v.as_dict() for k, v in speeds.items()}}))
+        return 0
+    print(f"{'run':40s} {'steps':>11s} {'evals':>5s} {'CPU-h':>7s} {'memory':>9s}")
+    for r in rows:
+        cpu = "?" if r["cpu_hours"] is None else f"{r['cpu_hours']:.2f}"
+        mem = "?" if r["memory_mb"] is None else f"{r['memory_mb'] / 1024:.2f} GiB"
+        print(f"{r['run']:40s} {r['steps']:>11,} {r['evals']:>5d} {cpu:>7s} {mem:>9s}")
+    known = [r["cpu_hours"] for r in rows if r["cpu_hours"] is not None]
+    jobs = args.jobs or max(1, (os.cpu_count() or 1) // max(1, suite.threads))
+    total = sum(known)
+    print(f"{len(runs)} runs; estimated {total:.1f} CPU-hours ({total / jobs:.1f} h on {jobs} parallel jobs) "
+          f"from steps/s {source}" + (f"; {len(rows) - len(known)} runs without a speed (--probe SECONDS measures "
+                                      "them)" if len(known) < len(rows) else ""))
+    mems = sorted((r["memory_mb"] for r in rows if r["memory_mb"]), reverse=True)
+    if mems:
+        print(f"memory: up to {mems[0] / 1024:.2f} GiB a run, {sum(mems[:jobs]) / 1024:.2f} GiB for the {jobs} largest at once")
+    return 0
+
+
+def report(args) -> int:
+    from corral.bench import report as R
+
+    if args.out and len(args.paths) > 1:
+        raise UserError("--out takes one path; give --page to combine several")
+    if args.page:
+        page = R.write_page([Path(p) for p in args.paths], Path(args.page),
+                            Path(args.figures) if args.figures else None, reps=args.reps)
+        print(page)
+        return 0
+    for p in args.paths:
+        written = R.write_report(Path(p), Path(args.out) if args.out else None, reps=args.reps)
+        print("\n".join(str(w) for w in written))
+    return 0

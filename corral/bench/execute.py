@@ -1,0 +1,263 @@
+"""Running a suite: each run a process of its own (``corral.bench.runner``), locally in a pool
+bounded by cores and memory, or as Ray tasks on a cluster with the resources they declare.
+
+Running the same command again continues the suite: the runner skips finished runs and resumes
+interrupted ones from their latest checkpoint. A run that fails is retried ``retries`` times,
+then reported with the end of its log. The driver holds no state of its own: everything is in
+the run directories, so killing it loses nothing but the runs' progress since their last
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.bench.runner import BUSY, REFUSED, read_json, write_json
+from corral.bench.suite import Run, Suite
+from corral.errors import UserError
+
+
+def run_dir(out: Path, run: Run) -> Path:
+    return out / "runs" / run.name
+
+
+def prepare(suite: Suite, out: Path, runs: list[Run]) -> None:
+    """Make each run's directory with its spec; a directory that holds another spec (the suite
+    file changed a cell's budget or keys) is refused rather than mixed."""
+    from corral.bench.provenance import machine
+
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    if suite.source and Path(suite.source).is_file():
+        (out / "suite.yaml").write_text(Path(suite.source).read_text())
+    meta = read_json(out / "bench.json", {})
+    meta.setdefault("suite", suite.name)
+    meta.setdefault("machine", machine())
+    write_json(out / "bench.json", meta)
+    for run in runs:
+        d = run_dir(out, run)
+        spec = run.spec()
+        old = read_json(d / "spec.json")
+        if old is not None and old != json.loads(json.dumps(spec)):
+            changed = sorted(k for k in spec if old.get(k) != json.loads(json.dumps(spec))[k])
+            raise UserError(f"{d} was started with another spec ({', '.join(changed)} differ); the suite changed "
+                            "under it. Use another --out, or delete that run directory to start it again")
+        if old is None:
+            d.mkdir(parents=True, exist_ok=True)
+            write_json(d / "spec.json", spec)
+
+
+def run_state(d: Path, retries: int) -> str:
+    """done, failed (retries used up), refused (code changed), or todo."""
+    if (d / "result.json").is_file():
+        return "done"
+    bench = read_json(d / "bench.json", {})
+    if bench.get("refused"):
+        return "refused"
+    if bench.get("failures", 0) > retries:
+        return "failed"
+    return "todo"
+
+
+def estimated_memory(suite: Suite, run: Run) -> int:
+    """Bytes a run is expected to hold: the suite's measured figure for the cell, else 1 GiB."""
+    mb = suite.speeds.get(run.cell, {}).get("rss_mb")
+    return int((mb or 1024) * 2**20)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: killed when the driver dies (Linux), so a killed driver
+    leaves no run writing to a directory the next driver resumes."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def runner_command(d: Path, allow_code_change: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "corral.bench.runner", str(d)]
+    return cmd + (["--allow-code-change"] if allow_code_change else [])
+
+
+def runner_env(threads: int) -> dict:
+    env = dict(os.environ)
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[k] = str(threads)
+    return env
+
+
+def log_tail(d: Path, lines: int = 8) -> str:
+    try:
+        text = (d / "log.txt").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+def record_exit(d: Path, rc: int) -> str:
+    """Book a finished process in the run's bench.json; the run's new state."""
+    bench = read_json(d / "bench.json", {})
+    if rc == 0:
+        return "done" if (d / "result.json").is_file() else "todo"
+    if rc == REFUSED:
+        bench["refused"] = True
+        write_json(d / "bench.json", bench)
+        return "refused"
+    if rc == BUSY:
+        return "busy"
+    bench["failures"] = bench.get("failures", 0) + 1
+    bench["error"] = log_tail(d)
+    write_json(d / "bench.json", bench)
+    return "failed"
+
+
+@dataclass
+class Outcome:
+    done: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # run name -> the end of its log
+    refused: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+
+
+def run_local(suite: Suite, out: Path, runs: list[Run], *, jobs: int, memory: int | None = None,
+              retries: int = 2, allow_code_change: bool = False, live: bool = True) -> Outcome:
+    """A pool of at most ``jobs`` runner processes whose estimated memory stays within
+    ``memory`` bytes (default: what the machine has available now, less 1 GiB)."""
+    from corral.bench.progress import Table
+    from corral.storage.replay import available_memory
+
+    if memory is None:
+        avail = available_memory("cpu")
+        memory = max(0, avail - 2**30) if avail else None
+    queue = [r for r in runs if run_state(run_dir(out, r), retries) == "todo"]
+    outcome = Outcome()
+    for r in runs:
+        state = run_state(run_dir(out, r), retries)
+        {"done": outcome.done, "refused": outcome.refused}.get(state, []).append(r.name)
+        if state == "failed":
+            outcome.failed[r.name] = read_json(run_dir(out, r) / "bench.json", {}).get("error", "")
+    running: dict[str, tuple[Run, subprocess.Popen]] = {}
+    table = Table(out, runs, live=live)
+    try:
+        while queue or running:
+            # start what fits: a free slot and the memory for it (one run always starts)
+            used = sum(estimated_memory(suite, r) for r, _ in running.values())
+            while queue and len(running) < jobs:
+                need = estimated_memory(suite, queue[0])
+                if running and memory is not None and used + need > memory:
+                    break
+                r = queue.pop(0)
+                d = run_dir(out, r)
+                log = open(d / "log.txt", "a")
+                log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} start\n")
+                log.flush()
+                proc = subprocess.Popen(runner_command(d, allow_code_change), stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=runner_env(suite.threads),
+                                        preexec_fn=_die_with_parent)
+                log.close()
+                running[r.name] = (r, proc)
+                used += need
+            table.update({name: "running" for name in running})
+            time.sleep(0.5)
+            for name, (r, proc) in list(running.items()):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                del running[name]
+                d = run_dir(out, r)
+                state = record_exit(d, rc)
+                if state == "done":
+                    outcome.done.append(name)
+                elif state == "refused":
+                    outcome.refused.append(name)
+                elif state == "busy":
+                    outcome.busy.append(name)
+                elif run_state(d, retries) == "todo":
+                    queue.append(r)  # retried after the rest of the queue
+                else:
+                    outcome.failed[name] = read_json(d / "bench.json", {}).get("error", "")
+                table.update({})
+    finally:
+        for _, proc in running.values():  # Ctrl-C: stop the runs (their checkpoints stay)
+            proc.terminate()
+        for _, proc in running.values():
+            proc.wait()
+        table.close()
+    return outcome
+
+
+def _ray_task(d: str, allow_code_change: bool, threads: int) -> tuple[str, int]:
+    """A Ray task: the same runner process, on whichever node Ray placed it."""
+    path = Path(d)
+    with open(path / "log.txt", "a") as log:
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} start (ray)\n")
+        log.flush()
+        rc = subprocess.run(runner_command(path, allow_code_change), stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=runner_env(threads)).returncode
+    state = record_exit(path, rc)
+    if state == "failed":
+        raise RuntimeError(f"{path.name} failed (exit {rc}):\n{log_tail(path)}")
+    return path.name, rc
+
+
+def run_ray(suite: Suite, out: Path, runs: list[Run], *, address: str, retries: int = 2,
+            allow_code_change: bool = False, live: bool = True) -> Outcome:
+    """Every unfinished run as a Ray task asking for ``suite.threads`` CPUs and its estimated
+    memory; Ray places them and retries failures (``max_retries``). ``out`` must be a path
+    every node sees (a shared file system)."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError("corral bench --ray needs Ray: pip install 'corral[ray]'") from None
+    from corral.bench.progress import Table
+
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise UserError(f"cannot join the Ray cluster at {address!r}: {e}") from None
+    outcome = Outcome()
+    pending = {}
+    for r in runs:
+        d = run_dir(out, r)
+        state = run_state(d, retries)
+        if state == "todo":
+            task = ray.remote(_ray_task).options(num_cpus=suite.threads, memory=estimated_memory(suite, r),
+                                                 max_retries=retries, retry_exceptions=True, name=r.name)
+            pending[task.remote(str(d.resolve()), allow_code_change, suite.threads)] = r
+        elif state == "done":
+            outcome.done.append(r.name)
+        elif state == "refused":
+            outcome.refused.append(r.name)
+        else:
+            outcome.failed[r.name] = read_json(d / "bench.json", {}).get("error", "")
+    table = Table(out, runs, live=live)
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in ready:
+                r = pending.pop(ref)
+                d = run_dir(out, r)
+                try:
+                    _, rc = ray.get(ref)
+                except Exception:  # retries used up: the error is in bench.json
+                    outcome.failed[r.name] = read_json(d / "bench.json", {}).get("error", "")
+                    continue
+                state = run_state(d, retries)
+                if state == "done":
+                    outcome.done.append(r.name)
+                elif state == "refused":
+                    outcome.refused.append(r.name)
+                elif rc == BUSY:
+                    outcome.busy.append(r.name)
+            table.update({})
+    finally:
+        table.close()
+    return outcome
