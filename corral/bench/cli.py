@@ -120,7 +120,7 @@ def _dry_run(args, suite, runs) -> int:
         for run in runs:
             if run.cell not in speeds:
                 print(f"probing {run.cell} ...", file=sys.stderr, flush=True)
-                speeds[run.cell] = estimate.probe(run, args.probe)
+                speeds[run.cell] = estimate.probe_apart(run, args.probe)
     else:
         speeds = {r.cell: sp for r in runs if (sp := estimate.recorded(suite, r)) is not None}
     rows = estimate.plan(suite, runs, speeds)

@@ -98,6 +98,16 @@ def probe(run: Run, seconds_: float = 20.0) -> Speed:
                  eval_s=eval_s, rss_mb=rss + unfilled / 2**20)
 
 
+def probe_apart(run: Run, seconds_: float = 20.0) -> Speed:
+    """:func:`probe` in a fresh process: its peak resident size is the run's alone, and
+    nothing the probe allocates stays in this one."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(probe, run, seconds_).result()
+
+
 def recorded(suite: Suite, run: Run) -> Speed | None:
     s = suite.speeds.get(run.cell)
     if not s:

@@ -39,6 +39,9 @@ def prepare(suite: Suite, out: Path, runs: list[Run]) -> None:
         (out / "suite.yaml").write_text(Path(suite.source).read_text())
     meta = read_json(out / "bench.json", {})
     meta.setdefault("suite", suite.name)
+    # how to name the suite again: a built-in by name, a file by its path
+    meta.setdefault("suite_arg", suite.name if suite.source and Path(suite.source).parent.name == "suites"
+                    and Path(suite.source).parent.parent.name == "bench" else str(suite.source))
     meta.setdefault("machine", machine())
     write_json(out / "bench.json", meta)
     for run in runs:
@@ -195,12 +198,15 @@ def run_local(suite: Suite, out: Path, runs: list[Run], *, jobs: int, memory: in
 
 def _ray_task(d: str, allow_code_change: bool, threads: int) -> tuple[str, int]:
     """A Ray task: the same runner process, on whichever node Ray placed it."""
+    import ray
+
     path = Path(d)
+    env = {**runner_env(threads), "CORRAL_BENCH_NODE": ray.get_runtime_context().get_node_id()}
     with open(path / "log.txt", "a") as log:
         log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} start (ray)\n")
         log.flush()
         rc = subprocess.run(runner_command(path, allow_code_change), stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=runner_env(threads)).returncode
+                            stdin=subprocess.DEVNULL, env=env).returncode
     state = record_exit(path, rc)
     if state == "failed":
         raise RuntimeError(f"{path.name} failed (exit {rc}):\n{log_tail(path)}")

@@ -28,6 +28,8 @@ from pathlib import Path
 
 REFUSED = 3  # the run's code differs from this process's (not retried)
 BUSY = 75  # another process holds the run (not retried now)
+# where the run is: the Ray node a task ran on (set by the driver's task), else the host
+NODE = os.environ.get("CORRAL_BENCH_NODE") or os.uname().nodename
 
 
 def read_json(path: Path, default=None):
@@ -111,7 +113,7 @@ class BenchHook:
         write_json(self.run_dir / "status.json", {
             "state": state, "steps": learner.env_steps, "total": learner.cfg.steps, "steps_per_s": sps,
             "eval": learner.last_eval["mean_return"] if learner.last_eval else None,
-            "cpu_s": self.cpu_s(), "pid": os.getpid(), "time": time.time()})
+            "cpu_s": self.cpu_s(), "pid": os.getpid(), "node": NODE, "time": time.time()})
 
     def close(self, learner) -> None:
         pass
@@ -119,16 +121,20 @@ class BenchHook:
 
 def run(run_dir: Path, allow_code_change: bool = False) -> int:
     """Run (or continue) the run in ``run_dir``; the exit code for the driver."""
+    run_dir = Path(run_dir)
+    with open(run_dir / ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{run_dir}: another process is running it", file=sys.stderr)
+            return BUSY
+        return _run(run_dir, allow_code_change)
+
+
+def _run(run_dir: Path, allow_code_change: bool) -> int:
     from corral.bench.provenance import code_identity
     from corral.errors import UserError
 
-    run_dir = Path(run_dir)
-    lock = open(run_dir / ".lock", "a")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        print(f"{run_dir}: another process is running it", file=sys.stderr)
-        return BUSY
     if (run_dir / "result.json").is_file():
         return 0
     spec = read_json(run_dir / "spec.json")

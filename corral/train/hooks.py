@@ -149,6 +149,7 @@ class EvalHook:
         ec = learner.cfg.eval
         self.every = ec.every
         self.next = learner.next_eval if learner.next_eval else (learner.env_steps + ec.every if ec.every > 0 else None)
+        learner.next_eval = self.next  # in every checkpoint from the start: a resumed run keeps the schedule
         self.metrics = metrics
         self.env = None
         self.last_step = -1  # env steps at the last evaluation
@@ -254,6 +255,7 @@ class CheckpointHook:
         self.every = ck.every
         self.keep = ck.keep
         self.next = learner.next_ckpt or (learner.env_steps + ck.every if ck.every > 0 else None)
+        learner.next_ckpt = self.next
 
     def __call__(self, learner: "Learner", stats: dict) -> None:
         if self.next is not None and learner.env_steps >= self.next and learner.algo.at_boundary:

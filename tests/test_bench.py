@@ -1,0 +1,303 @@
+"""``corral bench`` / ``corral report``: suites, runs that survive a killed driver and resume
+exactly, retries, refusal on changed code, Ray placement, the report's numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from corral.bench import execute, report, runner
+from corral.bench.suite import load_suite, parse_suite
+from corral.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-c", "import sys; from corral.cli import main; sys.exit(main())"]
+
+# Two cells x two seeds, each run a few seconds with a checkpoint every 2,048 steps (PPO) /
+# 1,000 steps (DQN): long enough to be killed between checkpoints, short enough for CI.
+TINY = {
+    "name": "tiny",
+    "seeds": 2,
+    "eval": {"episodes": 3, "points": 4},
+    "checkpoint_every": 2048,
+    "envs": {"CartPole-v1": {"random": 22.0, "reference": 500.0}},
+    "grid": [
+        {"algos": ["ppo"], "envs": ["CartPole-v1"], "steps": 32768,
+         "set": {"tensorboard": False}},
+        {"algos": ["dqn"], "envs": ["CartPole-v1"], "steps": 4000,
+         "set": {"tensorboard": False, "dqn.learning_starts": 500, "checkpoint.every": 1000}},
+    ],
+}
+
+
+def write_suite(folder: Path, data: dict = TINY) -> Path:
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def bench(*args, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "bench", *map(str, args), "--no-live"], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def algo_tensors(run_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the run's final algorithm state (parameters, optimizer, targets), flat."""
+    state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
+    flat = {}
+
+    def walk(prefix, x):
+        if isinstance(x, torch.Tensor):
+            flat[prefix] = x
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(f"{prefix}.{k}", v)
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(f"{prefix}.{i}", v)
+
+    walk("algo", state["algo"])
+    walk("rng", state["rng"])
+    return flat
+
+
+def assert_same_runs(a: Path, b: Path) -> None:
+    names = sorted(p.name for p in (a / "runs").iterdir())
+    assert names == sorted(p.name for p in (b / "runs").iterdir())
+    for name in names:
+        ta, tb = algo_tensors(a / "runs" / name), algo_tensors(b / "runs" / name)
+        assert ta.keys() == tb.keys()
+        for k in ta:
+            assert torch.equal(ta[k], tb[k]), f"{name}: {k} differs"
+        ea = [(r["step"], r["return"]) for r in runner.read_rows(a / "runs" / name / "evals.jsonl")]
+        eb = [(r["step"], r["return"]) for r in runner.read_rows(b / "runs" / name / "evals.jsonl")]
+        assert ea == eb, name
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The tiny suite run once, start to end."""
+    folder = tmp_path_factory.mktemp("bench")
+    suite = write_suite(folder)
+    out = folder / "out"
+    r = bench(suite, "--out", out, "--jobs", 2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return suite, out
+
+
+# --- suites
+
+
+def test_a_cell_budget_comes_from_the_cell_then_the_block_then_the_env_then_the_preset():
+    data = {"envs": {"CartPole-v1": {"steps": 7000}, "Pendulum-v1": {}},
+            "grid": [{"algos": ["ppo", "dqn"], "envs": ["CartPole-v1"], "steps": 9000},
+                     {"algos": ["a2c"], "envs": ["CartPole-v1"]},
+                     {"algos": ["sac"], "envs": ["Pendulum-v1"]}],
+            "cells": {"dqn/CartPole-v1": {"steps": 5000, "set": {"dqn.lr": 0.002}}}}
+    s = parse_suite(data)
+    budgets = {f"{a}/{e}": n for a, e, n, _ in s.cells}
+    assert budgets == {"ppo/CartPole-v1": 9000, "dqn/CartPole-v1": 5000, "a2c/CartPole-v1": 7000,
+                       "sac/Pendulum-v1": 20000}  # sac: its Pendulum preset's budget
+    runs = s.runs()
+    assert [r.seed for r in runs] == [0] * 4 + [1] * 4 + [2] * 4  # one seed of every cell first
+    dqn = next(r for r in runs if r.algo == "dqn")
+    sets = dict(dqn.sets)
+    assert sets["dqn.lr"] == 0.002 and sets["eval.every"] == 500 and sets["checkpoint.every"] == 500
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"grid": [{"algos": ["ppo"], "envs": ["CartPole-v1"]}], "sedes": 3}, "unknown key 'sedes'"),
+    ({"grid": [{"algos": ["nope"], "envs": ["CartPole-v1"]}]}, "unknown algorithm 'nope'"),
+    ({"grid": [{"algos": ["ppo"], "envs": ["CartPole-v1"]}], "cells": {"dqn/CartPole-v1": {"steps": 1}}},
+     "cells.dqn/CartPole-v1 is not in the grid"),
+    ({"grid": [{"algos": ["ppo"], "envs": ["my.module:Env"]}]}, "has no budget"),
+    ({"grid": []}, "names no cells"),
+])
+def test_a_bad_suite_is_refused_with_the_key_named(data, words):
+    with pytest.raises(UserError, match=words.replace("(", r"\(")):
+        parse_suite(data)
+
+
+def test_the_built_in_suites_load_and_list():
+    from corral.bench.suite import builtin_suites
+
+    names = set(builtin_suites())
+    assert {"classic", "box2d", "mujoco", "pybullet", "atari", "hardcore"} <= names
+    for name in names:
+        s = load_suite(name)
+        assert s.cells and s.seeds
+    r = subprocess.run([*CLI, "bench", "--list"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and "classic" in r.stdout and "mujoco" in r.stdout
+    r = subprocess.run([*CLI, "bench", "nosuch"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "no suite 'nosuch'" in r.stderr
+
+
+# --- execution
+
+
+def test_a_killed_suite_finishes_when_rerun_and_equals_one_never_interrupted(uninterrupted, tmp_path):
+    """SIGKILL the driver and a run that has a checkpoint but is not finished; the same command
+    again finishes the suite, and every run's final state (parameters, optimizer, random
+    streams) and every evaluation equal those of the uninterrupted suite."""
+    suite, ref = uninterrupted
+    out = tmp_path / "out"
+    driver = subprocess.Popen([*CLI, "bench", str(suite), "--out", str(out), "--jobs", "2", "--no-live"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    victim = out / "runs" / "ppo-CartPole-v1-s0"
+    deadline = time.time() + 120
+    status = {}
+    while time.time() < deadline:  # the first checkpoint written, the run still going
+        status = runner.read_json(victim / "status.json", {})
+        if (victim / "checkpoints" / "latest.pt").is_file() and status.get("pid") and status["steps"] < 24000:
+            break
+        time.sleep(0.02)
+    else:
+        driver.kill()
+        pytest.fail(f"no checkpoint within 2 minutes: {status}")
+    os.kill(status["pid"], signal.SIGKILL)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    time.sleep(0.5)
+    assert not (victim / "result.json").exists()
+    r = bench(suite, "--out", out, "--jobs", 2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert runner.read_json(victim / "bench.json")["attempts"] == 2  # resumed, not started again
+    assert_same_runs(out, ref)
+
+
+def test_rerunning_a_finished_suite_runs_nothing(uninterrupted):
+    suite, out = uninterrupted
+    before = {p: p.stat().st_mtime for p in (out / "runs").glob("*/result.json")}
+    r = bench(suite, "--out", out)
+    assert r.returncode == 0 and "4 of 4 runs done" in r.stdout
+    assert {p: p.stat().st_mtime for p in (out / "runs").glob("*/result.json")} == before
+
+
+def test_a_failing_run_is_retried_then_reported_with_its_error(tmp_path):
+    data = {**TINY, "seeds": 1, "grid": [
+        {"algos": ["ppo"], "envs": ["CartPole-v1"], "steps": 2048, "set": {"tensorboard": False}},
+        {"algos": ["dqn"], "envs": ["CartPole-v1"], "steps": 2000, "set": {"dqn.no_such_option": 1}}]}
+    suite = write_suite(tmp_path, data)
+    r = bench(suite, "--out", tmp_path / "out", "--retries", 1)
+    assert r.returncode == 1
+    assert "1 of 2 runs done" in r.stdout and "failed: dqn-CartPole-v1-s0" in r.stdout
+    assert "no_such_option" in r.stdout  # the end of its log
+    bench_json = runner.read_json(tmp_path / "out" / "runs" / "dqn-CartPole-v1-s0" / "bench.json")
+    assert bench_json["failures"] == 2  # the first try and one retry
+    r = bench(suite, "--out", tmp_path / "out", "--retries", 1)  # used up: not tried again
+    assert r.returncode == 1 and runner.read_json(tmp_path / "out" / "runs" / "dqn-CartPole-v1-s0" /
+                                                  "bench.json")["failures"] == 2
+
+
+def test_a_changed_suite_is_refused_rather_than_mixed_into_its_runs(uninterrupted, tmp_path):
+    _, out = uninterrupted
+    changed = {**TINY, "grid": [{**TINY["grid"][0], "steps": 8192}, TINY["grid"][1]]}
+    r = bench(write_suite(tmp_path, changed), "--out", out)
+    assert r.returncode == 2 and "another spec (set, steps differ)" in r.stderr  # eval.every follows the budget
+
+
+def test_resuming_on_other_code_is_refused_unless_asked_and_the_report_marks_it(tmp_path):
+    data = {**TINY, "seeds": 1, "grid": [TINY["grid"][1]]}
+    suite = write_suite(tmp_path, data)
+    out = tmp_path / "out"
+    s = parse_suite(data)
+    runs = s.runs()
+    execute.prepare(s, out, runs)
+    d = execute.run_dir(out, runs[0])
+    # a run interrupted after its checkpoint at 2,000 steps, written by "other code"
+    spec = runner.read_json(d / "spec.json")
+    runner.write_json(d / "spec.json", {**spec, "steps": 2000})
+    assert runner.run(d) == 0
+    (d / "result.json").unlink()
+    runner.write_json(d / "spec.json", spec)
+    b = runner.read_json(d / "bench.json")
+    b["code"]["id"] = "0.0.1@000000000000"
+    runner.write_json(d / "bench.json", b)
+    r = bench(suite, "--out", out)
+    assert r.returncode == 1 and "refused" in r.stdout and "--allow-code-change" in r.stdout
+    b = runner.read_json(d / "bench.json")
+    b.pop("refused")
+    runner.write_json(d / "bench.json", b)
+    r = bench(suite, "--out", out, "--allow-code-change")
+    assert r.returncode == 0, r.stdout + r.stderr
+    change = runner.read_json(d / "bench.json")["code_changes"][0]
+    assert change["from"] == "0.0.1@000000000000" and change["at_step"] == 2000
+    res = report.collect(out)
+    assert res.runs[0]["code_changed"]
+    assert "†" in report.markdown(res, reps=100)
+
+
+def test_the_suite_on_a_two_node_ray_cluster_equals_the_local_run(uninterrupted, tmp_path):
+    """Each run a Ray task placed by Ray on a simulated two-node cluster: the same final states
+    and evaluations as the local pool's."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    suite, ref = uninterrupted
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    from ray._common.utils import reset_ray_address
+
+    reset_ray_address()
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        out = tmp_path / "out"
+        s = load_suite(suite)
+        runs = s.runs()
+        execute.prepare(s, out, runs)
+        outcome = execute.run_ray(s, out, runs, address=cluster.address, live=False)
+        assert sorted(outcome.done) == sorted(r.name for r in runs), outcome
+        nodes = {runner.read_json(out / "runs" / r.name / "status.json")["node"] for r in runs}
+        assert len(nodes) == 2  # Ray used both nodes
+        assert_same_runs(out, ref)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+# --- reports
+
+
+def test_the_report_gives_each_cell_the_iqm_of_its_seeds_and_reads_its_own_csv_back(uninterrupted, tmp_path):
+    _, out = uninterrupted
+    written = report.write_report(out, tmp_path / "results", reps=200)
+    names = {p.name for p in written}
+    assert {"evals.csv", "runs.csv", "report.md", "tiny-CartPole-v1.png"} <= names
+    res = report.collect(out)
+    finals = {(r["algo"], r["seed"]): r["final_return"] for r in res.runs}
+    for r in res.runs:
+        final = runner.read_json(out / "runs" / f"{r['algo']}-CartPole-v1-s{r['seed']}" / "result.json")
+        assert r["final_return"] == final["eval_return"] and r["cpu_s"] > 0
+    rows = {c["algo"]: c for c in report.cell_rows(res, reps=200)}
+    for algo in ("ppo", "dqn"):
+        seeds = sorted(finals[(algo, s)] for s in (0, 1))
+        assert rows[algo]["iqm"] == pytest.approx(np.mean(seeds))  # IQM of 2 values: their mean
+        assert rows[algo]["lo"] <= rows[algo]["iqm"] <= rows[algo]["hi"]
+        assert rows[algo]["lo"] == pytest.approx(seeds[0]) or rows[algo]["lo"] > seeds[0]
+    # every evaluation of every run, in the CSV, with the step grid of the suite (4 per run)
+    evals = [r for r in res.evals if r["algo"] == "ppo" and r["seed"] == 0]
+    assert [r["step"] for r in evals] == [8192, 16384, 24576, 32768]
+    back = report.collect(tmp_path / "results")  # the results folder is read as the suite's output
+    assert report.markdown(back, reps=200) == report.markdown(res, reps=200)
+
+
+def test_the_published_results_page_is_what_the_report_writes():
+    """docs/results.md is generated: from the committed results folders by `corral report
+    benchmarks/results/* --page docs/results.md`."""
+    folders = sorted(p for p in (ROOT / "benchmarks" / "results").iterdir() if (p / "runs.csv").is_file())
+    assert folders, "no committed results under benchmarks/results/"
+    expected = report.page_text(folders)
+    assert (ROOT / "docs" / "results.md").read_text() == expected, \
+        "docs/results.md differs from the report: run `corral report benchmarks/results/* --page docs/results.md`"
