@@ -301,3 +301,41 @@ def test_the_published_results_page_is_what_the_report_writes():
     expected = report.page_text(folders)
     assert (ROOT / "docs" / "results.md").read_text() == expected, \
         "docs/results.md differs from the report: run `corral report benchmarks/results/* --page docs/results.md`"
+
+
+# --- estimates
+
+
+def test_the_estimate_adds_the_warm_up_the_learning_phase_and_the_evaluations():
+    from corral.bench import estimate
+    from corral.bench.suite import Run
+
+    run = Run("dqn", "CartPole-v1", 0, 20000, (("eval.every", 5000), ("eval.episodes", 10)))
+    assert estimate.evaluations(run) == 5  # 4 periodic + the final one
+    speed = estimate.Speed(learn_sps=100.0, warmup_sps=1000.0, learning_starts=2000, eval_s=3.0)
+    # 2,000 steps at 1,000/s, 18,000 at 100/s, 5 evaluations of 3 s
+    assert estimate.seconds(speed, run, 5) == pytest.approx(2.0 + 180.0 + 15.0)
+    assert estimate.seconds(estimate.Speed(learn_sps=100.0), run, 0) == pytest.approx(200.0)
+
+
+def test_the_dry_run_estimate_is_within_30_percent_of_the_cpu_the_run_then_spends(tmp_path):
+    """The probe (as `corral bench --dry-run --probe` runs it, in a process of its own) against
+    the same run through `corral bench`, in CPU seconds. DQN on CartPole: acting alone before
+    learning_starts, then a gradient step every 4 env steps."""
+    from corral.bench import estimate
+
+    data = {"name": "est", "seeds": 1, "eval": {"episodes": 5, "points": 2},
+            "grid": [{"algos": ["dqn"], "envs": ["CartPole-v1"], "steps": 20000,
+                      "set": {"tensorboard": False, "dqn.learning_starts": 4000}}]}
+    suite = write_suite(tmp_path, data)
+    (run,) = load_suite(suite).runs()
+    speed = estimate.probe_apart(run, 3.0)
+    assert speed.warmup_sps > 2 * speed.learn_sps and 4000 <= speed.learning_starts <= 4200
+    predicted = estimate.seconds(speed, run, estimate.evaluations(run))
+    r = bench(suite, "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stdout + r.stderr
+    spent = runner.read_json(tmp_path / "out" / "runs" / run.name / "result.json")["cpu_s"]
+    assert 0.7 < predicted / spent < 1.3, (predicted, spent, speed)
+    r = subprocess.run([*CLI, "bench", str(suite), "--dry-run", "--probe", "2"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0 and "dqn-CartPole-v1-s0" in r.stdout and "CPU-hours" in r.stdout

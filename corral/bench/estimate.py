@@ -82,17 +82,21 @@ def probe(run: Run, seconds_: float = 20.0) -> Speed:
             unfilled = nbytes * (1.0 - filled)
     finally:
         learner.close()
-    warm = [(s, t) for s, t in trace if s <= starts]
-    learn = [(s, t) for s, t in trace if s > starts]
+    # An algorithm that only acts before learning_starts yields its first update just past it:
+    # the time to there is the warm-up, the updates after it the learning phase.
+    first = next((i for i, (s, _) in enumerate(trace) if s > starts), None) if starts else None
+    warm_sps = None
+    if first is not None and first > 0:
+        warm_steps, warm_t = trace[first]
+        warm_sps = warm_steps / max(warm_t, 1e-9)
+        starts = warm_steps
+    learn = trace[first:] if first is not None else trace[1:]
     if len(learn) >= 2:  # the later half of the learning phase: past its start-up
         a, b = learn[len(learn) // 2 if len(learn) >= 4 else 0], learn[-1]
         learn_sps = (b[0] - a[0]) / max(b[1] - a[1], 1e-9)
     else:
         s, t = trace[-1]
         learn_sps = s / max(t, 1e-9)
-    warm_sps = None
-    if starts and len(warm) >= 2:
-        warm_sps = warm[-1][0] / max(warm[-1][1], 1e-9)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     return Speed(learn_sps=learn_sps, warmup_sps=warm_sps, learning_starts=starts if warm_sps else 0,
                  eval_s=eval_s, rss_mb=rss + unfilled / 2**20)

@@ -191,14 +191,14 @@ def markdown(res: Results, reps: int = 2000, figures: dict | None = None, headin
     marked = False
     for c in rows:
         iqm = (f"**{_fmt(c['iqm'])}** [{_fmt(c['lo'])}, {_fmt(c['hi'])}]" if c["iqm"] is not None
-               else "not run yet")
+               else "not finished")
         seeds = " / ".join(_fmt(v) + ("†" if changed else "") for _, v, changed in c["seeds"])
         marked |= any(ch for _, _, ch in c["seeds"])
         if len(c["seeds"]) < c["planned"]:
             seeds += f" ({len(c['seeds'])} of {c['planned']})"
         peers = "; ".join(p.describe() for p in c["peers"]) or "-"
         lines.append(f"| {c['env']} | {c['algo']} | {_steps(c['budget'])} | {iqm} | {seeds or '-'} | "
-                     f"{c['cpu_h']:.2f} | {peers} |")
+                     f"{c['cpu_h']:.3f} | {peers} |")
     total = sum(c["cpu_h"] for c in rows)
     lines += ["", f"{total:.1f} CPU-hours in all."]
     if marked:
@@ -272,6 +272,9 @@ def plot_curves(res: Results, env: str, path: Path, reps: int = 500) -> Path:
         for ax, x in ((ax_steps, steps), (ax_cpu, cpu_h)):
             (line,) = ax.plot(x, mid, label=algo)
             ax.fill_between(x, lo, hi, alpha=0.2, color=line.get_color())
+    from matplotlib.ticker import FuncFormatter
+
+    ax_steps.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _steps(int(x)) if x > 0 else "0"))
     ax_steps.set_xlabel("env steps")
     ax_cpu.set_xlabel("CPU-hours (mean over seeds)")
     for ax in (ax_steps, ax_cpu):
