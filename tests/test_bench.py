@@ -339,3 +339,20 @@ def test_the_dry_run_estimate_is_within_30_percent_of_the_cpu_the_run_then_spend
     r = subprocess.run([*CLI, "bench", str(suite), "--dry-run", "--probe", "2"], capture_output=True, text=True,
                        cwd=ROOT)
     assert r.returncode == 0 and "dqn-CartPole-v1-s0" in r.stdout and "CPU-hours" in r.stdout
+
+
+def test_a_run_killed_after_its_last_checkpoint_but_before_its_result_is_finished_on_rerun(tmp_path):
+    data = {**TINY, "seeds": 1, "grid": [TINY["grid"][1]]}
+    s = parse_suite(data)
+    (run,) = s.runs()
+    out = tmp_path / "out"
+    execute.prepare(s, out, [run])
+    d = execute.run_dir(out, run)
+    assert runner.run(d) == 0
+    result = runner.read_json(d / "result.json")
+    (d / "result.json").unlink()  # as if killed right after the final checkpoint
+    assert runner.run(d) == 0
+    again = runner.read_json(d / "result.json")
+    assert again["eval_return"] == result["eval_return"] and again["env_steps"] == 4000
+    steps = [r["step"] for r in report.collect(out).evals]  # one row per evaluation step
+    assert steps == [1024, 2048, 3072, 4000]  # a gradient step every 4 env steps: evaluations after one

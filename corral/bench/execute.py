@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from corral.bench.runner import BUSY, REFUSED, read_json, write_json
 from corral.bench.suite import Run, Suite
 from corral.errors import UserError
@@ -37,6 +39,8 @@ def prepare(suite: Suite, out: Path, runs: list[Run]) -> None:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     if suite.source and Path(suite.source).is_file():
         (out / "suite.yaml").write_text(Path(suite.source).read_text())
+    else:
+        (out / "suite.yaml").write_text(yaml.safe_dump(suite.raw, sort_keys=False))
     meta = read_json(out / "bench.json", {})
     meta.setdefault("suite", suite.name)
     # how to name the suite again: a built-in by name, a file by its path

@@ -160,7 +160,9 @@ def _run(run_dir: Path, allow_code_change: bool) -> int:
     if resuming:
         from corral.train.learner import resume_learner
 
-        learner = resume_learner(run_dir, steps=int(spec["steps"]), progress=False, quiet=True)
+        # a run killed between its last checkpoint and result.json is at its budget: train()
+        # then runs the final evaluation and checkpoint again (the same) and it is done
+        learner = resume_learner(run_dir, steps=int(spec["steps"]), progress=False, quiet=True, finished_ok=True)
         step = learner.env_steps
         if bench.get("code_changes") and bench["code_changes"][-1]["at_step"] is None:
             bench["code_changes"][-1]["at_step"] = step

@@ -79,6 +79,7 @@ class Suite:
     speeds: dict = field(default_factory=dict)  # "algo/env": {"steps_per_s", "rss_mb"} measured on `machine`
     machine: str | None = None
     source: str | None = None
+    raw: dict = field(default_factory=dict)  # the mapping it was read from (copied into the output folder)
 
     def protocol_sets(self, steps: int) -> dict:
         """The evaluation and checkpoint keys every run of the suite gets."""
@@ -192,4 +193,4 @@ def parse_suite(data: Any, source: str = "<suite>") -> Suite:
     return Suite(name=name, description=str(data.get("description", "")).strip(), seeds=seeds, eval=ev,
                  peers=list(data.get("peers") or []), envs=envs, cells=cells,
                  checkpoint_every=data.get("checkpoint_every"), threads=int(data.get("threads", 1)),
-                 speeds=dict(data.get("speeds") or {}), machine=data.get("machine"), source=source)
+                 speeds=dict(data.get("speeds") or {}), machine=data.get("machine"), source=source, raw=data)

@@ -470,10 +470,13 @@ class Learner:
 
 
 def resume_learner(run_dir: str | Path, *, steps: int | None = None, device: str | None = None,
-                   sets: list[str] | tuple = (), progress: bool | None = None, quiet: bool = False) -> Learner:
+                   sets: list[str] | tuple = (), progress: bool | None = None, quiet: bool = False,
+                   finished_ok: bool = False) -> Learner:
     """The Learner of ``run_dir`` at its latest checkpoint, ready to ``train()`` on (``corral
     resume``; ``corral bench`` for an interrupted run). ``steps``: a new total budget;
-    ``device``: where to continue; ``sets``: config overrides (``scheme.collectors=2``)."""
+    ``device``: where to continue; ``sets``: config overrides (``scheme.collectors=2``);
+    ``finished_ok``: a checkpoint already at the budget is taken (``train()`` then only runs the
+    final evaluation and checkpoint) instead of refused."""
     from corral.agent import config_from_dict
     from corral.train.checkpoint import load_checkpoint
 
@@ -499,7 +502,7 @@ def resume_learner(run_dir: str | Path, *, steps: int | None = None, device: str
         C.apply_set(cfg, C.parse_set(list(sets)))
     if progress is not None:
         cfg.progress = progress
-    if state["counters"]["env_steps"] >= cfg.steps:
+    if state["counters"]["env_steps"] >= cfg.steps and not finished_ok:
         raise UserError(f"the run already has {state['counters']['env_steps']:,} steps; pass --steps with a larger total")
     learner = Learner(cfg, run_dir, quiet=quiet)
     try:
