@@ -356,3 +356,26 @@ def test_a_run_killed_after_its_last_checkpoint_but_before_its_result_is_finishe
     assert again["eval_return"] == result["eval_return"] and again["env_steps"] == 4000
     steps = [r["step"] for r in report.collect(out).evals]  # one row per evaluation step
     assert steps == [1024, 2048, 3072, 4000]  # a gradient step every 4 env steps: evaluations after one
+
+
+def test_the_live_table_shows_each_runs_state_steps_and_latest_evaluation(uninterrupted, tmp_path):
+    from rich.console import Console
+
+    from corral.bench.progress import Table
+
+    suite, out = uninterrupted
+    runs = load_suite(suite).runs()
+    table = Table(out, runs, live=False)
+    row = table.row(runs[0], {})
+    final = runner.read_json(out / "runs" / runs[0].name / "result.json")["eval_return"]
+    assert row[:3] == (runs[0].name, "done", "32,768/32,768") and row[4] == f"{final:.1f}"
+    # a run with a fresh status and no result is running, with an ETA from its speed
+    d = tmp_path / "runs" / runs[0].name
+    d.mkdir(parents=True)
+    runner.write_json(d / "status.json", {"state": "running", "steps": 16384, "steps_per_s": 8192.0, "eval": 12.5,
+                                          "time": time.time()})
+    row = Table(tmp_path, runs[:1], live=False).row(runs[0], {})
+    assert row[1:] == ("running", "16,384/32,768", "8,192", "12.5", "0:02")
+    console = Console(record=True, width=160)
+    console.print(table.render({}))
+    assert "4 done" in console.export_text()
