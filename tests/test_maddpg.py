@@ -246,7 +246,7 @@ def test_matd3_learns_the_leaving_game_with_gumbel_softmax():
 def test_beats_a_random_team_on_simple_spread(algo):
     """MPE simple_spread (3 agents, continuous actions), the preset at 300k env steps, seed 0: the
     deterministic team return over 20 episodes beats a uniformly random continuous team's
-    -25.26 +- 0.62 (docs/results.md) by 3."""
+    -25.26 +- 0.62 (docs/ledger.md) by 3."""
     pytest.importorskip("mpe2")
     cfg = build_config(algo, "mpe:simple_spread_v3", steps=300_000, seed=0, sets=QUIET)
     summary = Learner(cfg, None).train()

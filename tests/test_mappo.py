@@ -220,7 +220,7 @@ def test_box_actions_are_scaled_to_the_agents_bounds():
 def test_beats_a_random_team_on_simple_spread(algo):
     """MPE simple_spread (3 agents), the preset at 100k env steps, seed 0: the deterministic
     team return over 20 episodes beats a uniformly random team's -27.05 +- 0.61 (200 episodes,
-    docs/results.md) by at least 3."""
+    docs/ledger.md) by at least 3."""
     pytest.importorskip("mpe2")
     cfg = build_config(algo, "mpe:simple_spread_v3", steps=100_000, seed=0, sets=["progress=false",
                                                                                 "tensorboard=false"])

@@ -2,7 +2,7 @@
 
 A collector keeps nothing per fragment or per parameter version, and the chaos benchmark's
 memory sampler tells a process's own memory from the object store's shared pages it maps
-(what made collectors look as if they grew ~2.4 MB/min: docs/results.md).
+(what made collectors look as if they grew ~2.4 MB/min: docs/ledger.md).
 """
 
 import gc

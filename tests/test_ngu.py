@@ -462,7 +462,7 @@ def test_agent57_learns_deepsea_8(tmp_path, algo):
     deterministic): the optimum, 0.99 (measured: 0.99 from the 10k-step evaluation on, 326 s
     under load). ngu at the same settings finds the treasure in training but its mixture 0 does
     not learn the path by 15k (seeds 0 and 1), and on size 12, where r2d2 never finds the
-    treasure in 40k steps, neither does yet (docs/results.md)."""
+    treasure in 40k steps, neither does yet (docs/ledger.md)."""
     agent = corral.train(algo, "DeepSea-v0", steps=15_000, seed=0, run_dir=str(tmp_path / "r"),
                          **{"tensorboard": False, "eval.episodes": 0, "env.kwargs": {"size": 8}})
     held_out = corral.evaluate(agent, episodes=2, seed=123)["mean_return"]  # the run's env: size 8
@@ -470,7 +470,7 @@ def test_agent57_learns_deepsea_8(tmp_path, algo):
     assert held_out > 0.9
 
 
-# the recorded size-12 runs (docs/results.md): DeepSea12-v0's preset, spelled out so that r2d2
+# the recorded size-12 runs (docs/ledger.md): DeepSea12-v0's preset, spelled out so that r2d2
 # runs with the same R2D2 settings; the same eval schedule as the recorded runs
 DEEPSEA12 = {"learning_starts": 1000, "burn_in": 2, "seq_len": 10, "n_step": 5, "core_size": 32, "hidden": [32],
              "batch_size": 16, "lr": 0.0005, "train_freq": 2, "target_update_interval": 500,

@@ -326,7 +326,7 @@ def test_tqc_fused_quantile_huber_gives_quantile_huber_loss_values_and_gradients
 # policy's mode) from the best periodic evaluation (10 episodes every 1000 steps; the run
 # stops once one reaches -160). Networks 64x64 (CrossQ's critics 128x128) and G = 5 for
 # REDQ / DroQ; the other hyperparameters are the presets'. Seed 0 of droq, tqc and crossq runs in CI,
-# the rest is slow. Measured on every seed (docs/results.md): held-out -130 to -162, except
+# the rest is slow. Measured on every seed (docs/ledger.md): held-out -130 to -162, except
 # CrossQ's seed 2 at -191.8.
 LEARN = {
     "redq": {"redq.hidden": [64, 64], "redq.gradient_steps": 5, "redq.policy_delay": 5},
@@ -376,7 +376,7 @@ def test_tqc_solves_bipedalwalker_within_300k_steps(tmp_path):
     # Issue 13: a deterministic eval >= 300 over 20 unseen episodes within 300k env steps, the
     # preset (rl-zoo's tqc.yml values, 256x256 networks) stopped at its first periodic eval of
     # 310. Seed 0 stopped at 80k steps, held out 316.9 +- 1.2 (1,933 s on one CPU core,
-    # 2026-12-04; docs/results.md has the curve and seed 1).
+    # 2026-12-04; docs/ledger.md has the curve and seed 1).
     pytest.importorskip("Box2D")
     corral.train("tqc", "BipedalWalker-v3", seed=0, run_dir=str(tmp_path / "run"),
                  **{"eval.every": 20_000, "eval.episodes": 10, "eval.num_envs": 10, "eval.stop_at_return": 310,

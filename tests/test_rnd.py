@@ -436,7 +436,7 @@ def ppo_at_ppo_rnds_settings() -> dict:
 
 def test_ppo_rnd_reaches_the_flag_on_mountaincar_within_30k_steps_where_ppo_at_its_settings_does_not(tmp_path):
     # seed 0: ppo_rnd's best periodic evaluation reaches the flag from 6k steps on (held-out -177.0);
-    # the same PPO without RND first does at 49k (docs/results.md)
+    # the same PPO without RND first does at 49k (docs/ledger.md)
     rnd = best_eval_agent("ppo_rnd", tmp_path, 30_000)
     result = corral.evaluate(rnd, "MountainCar-v0", episodes=10, seed=123)
     assert result["mean_return"] >= -190, result
