@@ -52,6 +52,8 @@ def add_parsers(sub, bench_fn, report_fn) -> None:
     r.add_argument("--page", help="write one markdown page for all the paths (e.g. docs/results.md)")
     r.add_argument("--figures", help="with --page: folder for the figures (default: beside the page, img/results)")
     r.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    r.add_argument("--no-figures", action="store_true", help="the CSVs and report.md only (a results folder to "
+                                                             "commit: --page draws the figures)")
     r.set_defaults(fn=report_fn)
 
 
@@ -155,6 +157,7 @@ def report(args) -> int:
         print(page)
         return 0
     for p in args.paths:
-        written = R.write_report(Path(p), Path(args.out) if args.out else None, reps=args.reps)
+        written = R.write_report(Path(p), Path(args.out) if args.out else None, reps=args.reps,
+                                 figures=not args.no_figures)
         print("\n".join(str(w) for w in written))
     return 0

@@ -318,7 +318,7 @@ def write_figures(res: Results, folder: Path, reps: int = 500) -> dict[str, Path
     return {t: folder / f for t, f in files.items()}
 
 
-def write_report(path: Path, out: Path | None = None, reps: int = 2000) -> list[Path]:
+def write_report(path: Path, out: Path | None = None, reps: int = 2000, figures: bool = True) -> list[Path]:
     """evals.csv, runs.csv, suite.yaml, meta.json, report.md and the figures into ``out``
     (default ``<path>/report``); ``out`` is then a results folder ``corral report`` reads again."""
     res = collect(path)
@@ -329,7 +329,7 @@ def write_report(path: Path, out: Path | None = None, reps: int = 2000) -> list[
     if out.resolve() != Path(path).resolve():
         (out / "suite.yaml").write_text(res.suite_text)
         (out / "meta.json").write_text(json.dumps(res.meta, indent=1) + "\n")
-    figs = write_figures(res, out, reps=min(reps, 500))
+    figs = write_figures(res, out, reps=min(reps, 500)) if figures else {}
     md = out / "report.md"
     md.write_text(markdown(res, reps, {t: p.name for t, p in figs.items()}, heading="#"))
     return [out / "evals.csv", out / "runs.csv", md, *figs.values()]

@@ -154,6 +154,11 @@ def plot_aggregates(estimates: Mapping[str, Mapping[str, tuple]], path,
             point, lo, hi = estimates[algo][metric]
             ax.barh(i, hi - lo, left=lo, height=0.6, color=colors[algo], alpha=0.75)
             ax.vlines(point, i - 0.3, i + 0.3, color="k", linewidth=1.5)
+            ax.plot([point], [i], "o", color=colors[algo], markeredgecolor="k", markersize=5)
+        ends = [v for a in algos if metric in estimates[a] for v in estimates[a][metric][1:]]
+        if ends:  # padded, so an interval at the panel's edge (one seed: a point) stays visible
+            span = (max(ends) - min(ends)) or max(abs(max(ends)), 1.0)
+            ax.set_xlim(min(ends) - 0.1 * span, max(ends) + 0.1 * span)
         ax.set_yticks(range(len(algos)))
         ax.set_yticklabels(algos if k == 0 else [])
         ax.set_ylim(-0.7, len(algos) - 0.3)
