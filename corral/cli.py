@@ -20,7 +20,7 @@ def _cmd_train(args) -> int:
     cfg = build_config(
         args.algo, args.env, steps=args.steps, seed=args.seed, num_envs=args.num_envs, device=args.device,
         config_file=args.config, sets=args.set or [], stop_at_return=args.stop_at_return,
-        use_preset=not args.no_preset, tag=args.tag, imports=args.imports or [],
+        use_preset=not args.no_preset, tag=args.tag, imports=args.imports or [], zoo=args.zoo, lenient=args.lenient,
     )
     if args.json:
         cfg.progress = False
@@ -219,6 +219,9 @@ def _cmd_list(args) -> int:
     from corral.algos import ALGOS, get_algo
     from corral.train.setup import list_presets
 
+    if args.zoo:
+        return _list_zoo()
+
     if args.options:
         from corral import config as C
 
@@ -253,6 +256,21 @@ def _cmd_list(args) -> int:
     print("  multi-agent      mpe:simple_spread_v3, pettingzoo:family.name_vN     (pip install 'corral[multiagent]';")
     print("                   PettingZoo envs for mappo, ippo, qmix, vdn: docs/multiagent.md)")
     print("  your own         package.module:callable, path/to/file.py:Class, corral.register(name, factory)")
+    return 0
+
+
+def _list_zoo() -> int:
+    from corral.zoo import list_entries
+
+    rows = list_entries()
+    for r in rows:
+        why = "; ".join(f"{k}: {v}" for k, v in r["reasons"].items()) if r["status"] == "refused" else ""
+        print(f"  {r['algo']:9s} {r['env']:36s} {r['status']}" + (f"  ({why})" if why else ""))
+    counts = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    print(f"{len(rows)} entries: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda x: -x[1]))
+          + " (not installed: the env id is not registered here; `corral train ALGO ENV --zoo` runs an entry)")
     return 0
 
 
@@ -297,7 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--num-envs", type=int)
     t.add_argument("--device", help="auto, cpu, cuda")
     t.add_argument("--run-dir", help="run directory (default runs/<algo>-<env>-s<seed>-<time>)")
-    t.add_argument("--config", help="YAML config file")
+    t.add_argument("--config", help="YAML config file: corral's, or one of rl-zoo's hyperparameter files "
+                                    "(hyperparams/ALGO.yml: the entry for ENV, else 'atari' / 'default')")
+    t.add_argument("--zoo", action="store_true", help="take ENV's entry from rl-zoo's bundled hyperparams/ALGO.yml "
+                                                      "(needs corral[zoo]: rl_zoo3); n_timesteps is the budget "
+                                                      "unless --steps is given")
+    t.add_argument("--lenient", action="store_true", help="with an rl-zoo file: skip the keys corral cannot honour, "
+                                                          "one line each on stderr, instead of refusing the file")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     t.add_argument("--stop-at-return", type=float, help="stop when the last-20 training return reaches this")
     t.add_argument("--no-preset", action="store_true", help="ignore the (algo, env) preset")
@@ -354,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     li = sub.add_parser("list", help="algorithms, presets, env families")
     li.add_argument("--options", metavar="ALGO", help="every config key of ALGO with default and help")
+    li.add_argument("--zoo", action="store_true", help="every entry of rl-zoo's bundled hyperparameter files: "
+                                                       "ok, or refused with the reason (needs corral[zoo])")
     li.set_defaults(fn=_cmd_list)
 
     pl = sub.add_parser("plot", help="learning curves of one or more runs")

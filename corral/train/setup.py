@@ -154,9 +154,19 @@ def build_config(
     use_preset: bool = True,
     tag: str | None = None,
     imports: list[str] | tuple = (),
+    zoo: bool = False,
+    lenient: bool = False,
 ) -> C.TrainConfig:
     """Defaults < algorithm variant < preset < config file < explicit arguments < --set.
-    ``imports``: user modules imported first (an algorithm they register can be ``algo``)."""
+    ``imports``: user modules imported first (an algorithm they register can be ``algo``).
+
+    A config file in rl-zoo's layout (one entry per env id), or ``zoo=True`` (rl_zoo3's bundled
+    ``hyperparams/<algo>.yml``), gives the entry for ``env`` in place of the preset, on top of
+    Stable-Baselines3's defaults (corral/zoo.py); its ``n_timesteps`` is the budget unless
+    ``steps`` is given. ``lenient``: keys corral cannot honour are reported and skipped
+    instead of refused."""
+    from corral import zoo as Z
+
     import_user_modules(imports)
     spec = get_algo(algo)
     cfg = C.TrainConfig(algo=algo, algo_cfg=spec.cls.Config(), imports=tuple(imports))
@@ -164,14 +174,25 @@ def build_config(
         C.update_from_dict(cfg.algo_cfg, spec.overrides, algo + ".")
     env_id = env if isinstance(env, str) else env_ref(env)
     cfg.env.id = env_id
-    if use_preset:
-        C.apply_dict(cfg, load_preset(algo, env_id, base=spec.cls.name))
+    if zoo and config_file:
+        raise UserError("give either --zoo (rl_zoo3's bundled files) or --config FILE, not both")
+    data = None
     if config_file:
         data = C.load_yaml(config_file)
-        if data.get("algo", algo) != algo:
-            raise UserError(f"config file {config_file!r} is for algorithm {data['algo']!r}, not {algo!r}")
-        C.apply_dict(cfg, data)
+    zoo_source = str(Z.bundled_file(algo)) if zoo else (config_file if Z.is_zoo_layout(data) else None)
+    if zoo_source is not None:  # the entry replaces the preset
+        zoo_data = C.load_yaml(zoo_source) if zoo else data
+        t = Z.translate(algo, zoo_data, env_id, is_atari=_is_atari(env_id), source=zoo_source, algo_cfg=cfg.algo_cfg)
+        Z.apply(cfg, t, lenient=lenient)
         cfg.env.id = env_id
+    else:
+        if use_preset:
+            C.apply_dict(cfg, load_preset(algo, env_id, base=spec.cls.name))
+        if config_file:
+            if data.get("algo", algo) != algo:
+                raise UserError(f"config file {config_file!r} is for algorithm {data['algo']!r}, not {algo!r}")
+            C.apply_dict(cfg, data)
+            cfg.env.id = env_id
     for name, value in (("steps", steps), ("seed", seed), ("device", device), ("stop_at_return", stop_at_return),
                         ("log.tag", tag)):
         if value is not None:
