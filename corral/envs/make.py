@@ -17,6 +17,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from corral.envs.pybullet import KNOWN_IDS as BULLET_IDS
+from corral.envs.pybullet import QuietBullet, is_bullet_id, is_bullet_name, register_pybullet
 from corral.errors import UserError
 
 EnvFactory = Callable[[], gym.Env]
@@ -29,6 +31,7 @@ _EXTRAS = {
     "gymnasium.envs.mujoco": "mujoco",
     "ale_py": "atari",
     "shimmy": "atari",
+    "pybullet_envs_gymnasium": "pybullet",
 }
 
 
@@ -134,14 +137,19 @@ class _GymMake:
             from corral.envs.atari import register_ale
 
             register_ale()  # a fresh worker process has not registered them yet
+        if is_bullet_id(self.env_id) or (self.env_id not in gym.registry and is_bullet_name(self.env_id)):
+            register_pybullet(self.env_id)  # likewise, with PyBullet's console messages kept quiet
+        bullet = is_bullet_id(self.env_id)
         try:
             if self.atari is not None:
                 from corral.envs.atari import make_atari
 
                 return make_atari(self.make_id, self.kwargs, self.atari)
             if self.max_episode_steps is not None:
-                return gym.make(lean_spec(self.make_id), max_episode_steps=self.max_episode_steps, **self.kwargs)
-            return gym.make(lean_spec(self.make_id), **self.kwargs)
+                env = gym.make(lean_spec(self.make_id), max_episode_steps=self.max_episode_steps, **self.kwargs)
+            else:
+                env = gym.make(lean_spec(self.make_id), **self.kwargs)
+            return QuietBullet(env) if bullet else env
         except gym.error.DependencyNotInstalled as e:
             raise UserError(
                 f"env {self.env_id!r} needs a package that is not installed: {_missing_extra_hint(self.env_id)} ({e})"
@@ -217,12 +225,14 @@ def _gym_factory(env_id: str, kwargs: dict, atari_wrappers: Any = True,
 
             if not register_ale():
                 raise UserError(f"env {env_id!r} needs ale-py: pip install 'corral[atari]'")
+        elif is_bullet_name(env_id):
+            register_pybullet(env_id)  # pybullet-envs-gymnasium registers its ids on import
         else:
             from corral.envs.atari import resolve_short_name
 
             env_id = make_id = resolve_short_name(env_id) or env_id
     if env_id not in gym.registry:
-        known = list(gym.registry.keys()) + list(_REGISTRY)
+        known = list(dict.fromkeys([*gym.registry.keys(), *_REGISTRY, *BULLET_IDS]))
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `corral list` shows the env families"
         raise UserError(f"unknown env {env_id!r}{hint}")
