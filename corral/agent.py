@@ -16,17 +16,7 @@ from corral.rng import RNGStreams
 from corral.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from corral.train.evaluate import eval_generator, evaluate_policy, resolve_protocol
 from corral.train.learner import Learner
-from corral.train.setup import build_config, make_env, new_run_dir, resolve_device
-
-
-def config_from_dict(data: dict) -> C.TrainConfig:
-    from corral.train.setup import import_user_modules
-
-    import_user_modules(data.get("imports") or ())  # the run's own algorithms and envs
-    spec = get_algo(data["algo"])
-    cfg = C.TrainConfig(algo=data["algo"], algo_cfg=spec.cls.Config())
-    C.apply_dict(cfg, data)
-    return cfg
+from corral.train.setup import build_config, config_from_dict, make_env, new_run_dir, resolve_device  # noqa: F401 (config_from_dict: re-exported)
 
 
 class Agent:

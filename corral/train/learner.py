@@ -477,8 +477,8 @@ def resume_learner(run_dir: str | Path, *, steps: int | None = None, device: str
     ``device``: where to continue; ``sets``: config overrides (``scheme.collectors=2``);
     ``finished_ok``: a checkpoint already at the budget is taken (``train()`` then only runs the
     final evaluation and checkpoint) instead of refused."""
-    from corral.agent import config_from_dict
     from corral.train.checkpoint import load_checkpoint
+    from corral.train.setup import config_from_dict
 
     if device is not None:
         resolve_device(device)  # no GPU for --device cuda: one error before anything is read or written

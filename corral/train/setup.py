@@ -205,6 +205,15 @@ def build_config(
     return cfg
 
 
+def config_from_dict(data: dict) -> C.TrainConfig:
+    """A run's typed config from its saved mapping (``config.yaml``, a checkpoint's ``config``)."""
+    import_user_modules(data.get("imports") or ())  # the run's own algorithms and envs
+    spec = get_algo(data["algo"])
+    cfg = C.TrainConfig(algo=data["algo"], algo_cfg=spec.cls.Config())
+    C.apply_dict(cfg, data)
+    return cfg
+
+
 def import_user_modules(modules) -> None:
     """Import a run's ``imports`` (module names, or ``path/to/file.py``) so what they register
     (algorithms, envs) exists here; collectors and ``corral.load`` call it too."""
