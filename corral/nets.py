@@ -143,12 +143,15 @@ def mlp_backward(grad: torch.Tensor, params, acts, act_name: str, inputs, out: t
 
 
 def is_image_space(space) -> bool:
-    """uint8 Box with 3 dims: channels first (Atari after frame stacking: 4x84x84) or
-    last (CarRacing: 96x96x3)."""
+    """uint8 Box with 3 dims, channels first (Atari after frame stacking: 4x84x84) or
+    last (CarRacing: 96x96x3), with sides the Nature CNN takes (36 or more). A smaller
+    uint8 array (a 7x7x3 grid) is a vector of numbers: flattened into the MLP."""
     import numpy as np
 
+    from corral.envs.spaces import cnn_fits
+
     shape = getattr(space, "shape", None)
-    return shape is not None and len(shape) == 3 and getattr(space, "dtype", None) == np.uint8
+    return shape is not None and len(shape) == 3 and getattr(space, "dtype", None) == np.uint8 and cnn_fits(shape)
 
 
 def is_discrete_space(space) -> bool:

@@ -31,8 +31,30 @@ _EXTRAS = {
     "gymnasium.envs.mujoco": "mujoco",
     "ale_py": "atari",
     "shimmy": "atari",
+    "minigrid": "minigrid",
     "pybullet_envs_gymnasium": "pybullet",
 }
+
+
+# Families whose ids are registered when their package is imported: (id prefixes, module, extra).
+# An id with such a prefix imports the module first (no --import needed), here and in workers.
+_FAMILIES = (
+    (("MiniGrid-", "BabyAI-"), "minigrid", "minigrid"),
+)
+
+
+def import_family(env_id: str) -> None:
+    """Import the package that registers ``env_id``'s family (MiniGrid, BabyAI), if it has one
+    and the id is not registered yet; a ``UserError`` naming the extra when it is missing."""
+    if env_id in gym.registry:
+        return
+    for prefixes, module, extra in _FAMILIES:
+        if env_id.startswith(prefixes):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                raise UserError(f"env {env_id!r} needs the {module} package: pip install 'corral[{extra}]'") from None
+            return
 
 
 def register(name: str, factory: Callable[..., gym.Env]) -> None:
@@ -137,6 +159,7 @@ class _GymMake:
             from corral.envs.atari import register_ale
 
             register_ale()  # a fresh worker process has not registered them yet
+        import_family(self.env_id)  # MiniGrid, BabyAI: likewise
         if is_bullet_id(self.env_id) or (self.env_id not in gym.registry and is_bullet_name(self.env_id)):
             register_pybullet(self.env_id)  # likewise, with PyBullet's console messages kept quiet
         bullet = is_bullet_id(self.env_id)
@@ -218,6 +241,7 @@ def _names_attr(spec: str) -> bool:
 def _gym_factory(env_id: str, kwargs: dict, atari_wrappers: Any = True,
                  max_episode_steps: int | None = None) -> EnvFactory:
     make_id = env_id
+    import_family(env_id)
     if env_id not in gym.registry:
         # Atari and other plugin families register on import.
         if env_id.startswith("ALE/"):
