@@ -15,7 +15,9 @@ tensors with a leading env dim, same-step autoreset, the true final observation,
 
 * an observation per env that is one flat float32 row packing ``obs [A, D]`` (each agent's
   observation flattened, zero-padded to the largest ``D``), the global ``state [S]`` (the
-  env's ``state()`` where it has one, else the agents' padded observations concatenated),
+  env's ``state()`` where it has one, else the agents' padded observations concatenated; where
+  ``state()`` raises or gives another size, as multiwalker's does once a walker has fallen, the
+  agents' observations in blocks of ``S // A``, absent agents zeros),
   ``agent_mask [A]`` (1 where the agent will act on this observation) and, for discrete
   actions, ``action_mask [A, K]``. The observation space carries the :class:`AgentLayout`
   (``agent_layout(space)``), whose ``split(x)`` gives the structured view
@@ -62,6 +64,7 @@ import copy
 import difflib
 import importlib
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -338,13 +341,14 @@ def _check_spaces(env: Any, name: str) -> AgentLayout:
         low = tuple(pad(v, -1.0) for v in lows)
         high = tuple(pad(v, 1.0) for v in highs)
     D = max(obs_dims)
-    has_state = True
+    has_state = callable(getattr(env, "state", None))
     state_space = getattr(env, "state_space", None)
     try:
-        env.state()
-    except (NotImplementedError, AttributeError):
+        if has_state:
+            env.state()
+    except NotImplementedError:  # PettingZoo's base class: the env has no global state
         has_state = False
-    except Exception:  # state() before reset may fail; the space says what it holds
+    except Exception:  # state() before reset may fail (AttributeError too); the space says what it holds
         has_state = state_space is not None
     if has_state:
         S = int(gym.spaces.flatdim(state_space)) if state_space is not None else int(np.size(env.state()))
@@ -390,6 +394,9 @@ class MultiAgentVecEnv:
         self.t = np.zeros(num_envs, np.int64)  # steps into each env's episode (the episode cap)
         self.live: list[set] = [set() for _ in range(num_envs)]
         self._amask_info: list[dict] = [{} for _ in range(num_envs)]
+        self.state_fallbacks = 0  # packed rows whose state is the agents' observations (state() failed)
+        self._warned_fallback = False
+        self._state_error = ""
 
     # --- packing
     def _pack(self, i: int, env: Any, obs: dict, row: np.ndarray, infos: dict) -> None:
@@ -416,10 +423,40 @@ class MultiAgentVecEnv:
                     row[start:start + L.act_sizes[j]] = 1.0
                 else:
                     row[start:start + L.act_sizes[j]] = np.asarray(am, np.float32).reshape(-1)[:L.act_sizes[j]]
-        if L.has_state:
-            row[L.state_start:ms] = np.asarray(env.state(), np.float32).reshape(-1)
-        else:
+        if not L.has_state:
             row[L.state_start:ms] = row[:L.state_start]
+            return
+        state = self._env_state(env)
+        if state is not None:
+            row[L.state_start:ms] = state
+            return
+        # the env cannot give its state now (multiwalker after a walker fell): the agents'
+        # observations instead, each in a block of S // A entries (cut or zero-padded), absent
+        # agents zeros
+        self.state_fallbacks += 1
+        block = L.state_dim // A
+        n = min(block, D)
+        for j in range(A):
+            if L.agents[j] in obs:
+                row[L.state_start + j * block:L.state_start + j * block + n] = row[j * D:j * D + n]
+        if live and not self._warned_fallback:
+            self._warned_fallback = True
+            warnings.warn(f"env {self.env_id!r} (index {i}): state() failed while agents still act "
+                          f"({self._state_error}); the global state is the agents' observations where it "
+                          "fails (docs/multiagent.md)", stacklevel=2)
+
+    def _env_state(self, env: Any) -> np.ndarray | None:
+        """The env's global state as a float32 vector of the layout's size, or None where the env
+        cannot give it (``state()`` raises or returns another size)."""
+        try:
+            state = np.asarray(env.state(), np.float32).reshape(-1)
+        except Exception as e:  # noqa: BLE001 - any failure of the env's own state(): fall back
+            self._state_error = f"{type(e).__name__}: {e}"
+            return None
+        if state.size != self.layout.state_dim:
+            self._state_error = f"it returned {state.size} values, not {self.layout.state_dim}"
+            return None
+        return state
 
     def _reset_env(self, i: int, seed: int | None, row: np.ndarray) -> None:
         env = self.envs[i]
