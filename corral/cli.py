@@ -252,6 +252,7 @@ def _cmd_list(args) -> int:
     print("  box2d            LunarLander-v3, BipedalWalker-v3, CarRacing-v3   (pip install 'corral[box2d]')")
     print("  mujoco           HalfCheetah-v5, Hopper-v5, Walker2d-v5, Ant-v5    (pip install 'corral[mujoco]')")
     print("  pybullet         HalfCheetahBulletEnv-v0, AntBulletEnv-v0, ...      (pip install 'corral[pybullet]')")
+    print("  minigrid         MiniGrid-Empty-5x5-v0, BabyAI-GoToRedBallNoDists-v0, ... (pip install 'corral[minigrid]')")
     print("  atari            ALE/Pong-v5, ALE/Breakout-v5, ...                  (pip install 'corral[atari]')")
     print("  native           native:CartPole-v1, native:Pendulum-v1, ...        (torch-batched, CPU or GPU)")
     print("  multi-agent      mpe:simple_spread_v3, pettingzoo:family.name_vN     (pip install 'corral[multiagent]';")
