@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.algos.a2c import A2C, A2CConfig
+from corral.algos.ars import ARS
 from corral.algos.apex import ApexDQN, ApexRainbow, ApexTD3
 from corral.algos.base import Algorithm
 from corral.algos.distributional import C51, IQN, QRDQN, RAINBOW_OVERRIDES
@@ -29,6 +30,7 @@ from corral.algos.sac import SAC, SACConfig
 from corral.algos.sac_discrete import SACDiscrete, SACDiscreteConfig
 from corral.algos.td3 import DDPG_OVERRIDES, TD3, TD3Config
 from corral.algos.tqc import TQC
+from corral.algos.trpo import TRPO
 from corral.config import ALGO_FAMILIES
 from corral.errors import UserError
 
@@ -46,10 +48,15 @@ ALGOS: dict[str, AlgoSpec] = {
                     "(discrete and continuous)"),
     "reinforce": AlgoSpec(REINFORCE, help="REINFORCE: Monte-Carlo policy gradient over whole episodes, optional "
                           "learned baseline (discrete and continuous)"),
+    "trpo": AlgoSpec(TRPO, help="TRPO: natural-gradient policy step by conjugate gradient on the KL-constrained "
+                     "surrogate, backtracking line search, value fitted by Adam (discrete and continuous)"),
     "ppo_lstm": AlgoSpec(RecurrentPPO, help="PPO with a recurrent (LSTM, or GRU: ppo_lstm.recurrent=gru) "
                          "actor-critic, trained on stored sequences"),
     "ppo_rnd": AlgoSpec(PPORND, help="PPO with Random Network Distillation: intrinsic reward from a predictor "
                         "chasing a fixed random network, two value heads, non-episodic intrinsic returns"),
+    "ars": AlgoSpec(ARS, help="ARS: augmented random search of a linear (or small MLP) policy, antithetic "
+                    "perturbations scored on the env columns in parallel, top-b directions, V2 observation "
+                    "normalization (discrete and continuous)"),
     "dqn": AlgoSpec(DQN, help="Deep Q-Network (discrete)"),
     "double_dqn": AlgoSpec(DQN, {"double": True}, "Double DQN"),
     "dueling_dqn": AlgoSpec(DQN, {"dueling": True}, "Dueling DQN"),
