@@ -7,9 +7,12 @@ Decentralised actors, centralised critics. Each agent acts on its own observatio
 shared by all agents with a one-hot agent id in its input (``shared_actor``), or one actor
 per agent (a batched ensemble). The critic scores the team's joint action on the global state
 (the env's ``state()``, else the agents' observations concatenated) or on all agents'
-observations (``critic_input``): ``Q(x, a_1, ..., a_A)``. This is the cooperative form: the
-replay holds the team reward (``corral.envs.multiagent``: the mean of the acting agents'
-rewards), and one centralised critic (or MATD3's twin) serves every agent.
+observations (``critic_input``): ``Q(x, a_1, ..., a_A)``. ``rewards=team`` (cooperative games):
+the replay holds the team reward (``corral.envs.multiagent``: the mean of the acting agents'
+rewards), and one centralised critic (or MATD3's twin) serves every agent. ``rewards=agent``
+(competitive and mixed games, the paper's setting): the replay holds each agent's reward
+``[A]``, the critic has one head per agent, ``Q_i(x, a_1, ..., a_A)``, trained on agent ``i``'s
+return, and agent ``i``'s actor ascends its own ``Q_i``.
 
 * critic: ``y = r + gamma^n * min_k Q'_k(x', mu'_1(o'_1), ..., mu'_A(o'_A))``, the min over
   ``n_critics`` (MADDPG 1, MATD3 2); MATD3 adds clipped Gaussian smoothing to the target
@@ -68,6 +71,9 @@ class MADDPGConfig(TD3Config):
     critic_input: Literal["state", "observations"] = option(
         "state", "what the centralised critic sees besides the joint action: the global state, or all agents' "
                  "observations (absent agents' zeroed)")
+    rewards: Literal["team", "agent"] = option(
+        "team", "what the critic learns: the team reward (cooperative games), or each agent's own reward with a "
+                "critic head per agent (competitive and mixed games, the paper's setting)")
     action_reg: float = option(1e-3, "weight of the squared pre-activations (logits, pre-tanh) in the actor loss",
                                ge=0)
     # the MADDPG paper's settings (appendix): two 64-unit layers, gamma 0.95, tau 0.01, batch 1024, clip 0.5
@@ -171,13 +177,15 @@ class MADDPG(OffPolicy):
         if cfg.normalize_obs:
             raise UserError(f"{type(self).name}.normalize_obs is not built for multi-agent networks; leave it false")
         self.layout = layout
+        self.per_agent = cfg.rewards == "agent"
+        self.reward_shape = (layout.n_agents,) if self.per_agent else ()
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
         A, K = layout.n_agents, layout.n_actions
         x_dim = layout.state_dim if cfg.critic_input == "state" else A * layout.obs_dim
         self.actor = self._build(lambda: MultiAgentActor(layout, cfg.hidden, cfg.activation, cfg.shared_actor,
                                                          cfg.agent_id).to(device))
         self.critics = self._build(lambda: Critics(x_dim, A * K, cfg.n_critics, tuple(cfg.hidden),
-                                                   cfg.activation).to(device))
+                                                   cfg.activation, n_out=A if self.per_agent else 1).to(device))
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
         self.actor_opt = self._optimizer(self.actor.parameters(), cfg.actor_lr or cfg.lr)
@@ -187,6 +195,15 @@ class MADDPG(OffPolicy):
     # TD3's cadence: the actor and the targets step every policy_delay critic steps
     _actor_step = TD3._actor_step
     after_step = TD3.after_step
+
+    def store(self, step) -> None:
+        if not self.per_agent:
+            return super().store(step)
+        if step.agents is None:
+            raise UserError(f"{type(self).name}.rewards=agent needs per-agent rewards (info['agents']): run it on a "
+                            "corral.envs.multiagent env")
+        self.replay.add(step.obs, step.extras.action, step.agents.reward, step.terminated, step.truncated,
+                        step.final_obs)
 
     # --- acting
     def explore(self, obs):
@@ -250,8 +267,9 @@ class MADDPG(OffPolicy):
     def td_target(self, batch, noise: dict) -> torch.Tensor:
         nxt = self.layout.split(batch.next_obs)
         next_action = self.joint(self.target_actions(nxt, noise), nxt.agent_mask)
-        next_q = self.critics_target(self.critic_x(nxt), next_action).min(0).values
-        return batch.reward + batch.discount * next_q
+        next_q = self.critics_target(self.critic_x(nxt), next_action).min(0).values  # [B] or [B, A]
+        discount = batch.discount.unsqueeze(-1) if self.per_agent else batch.discount
+        return batch.reward + discount * next_q
 
     def draw_noise(self, batch_size):
         L, g = self.layout, self.rng["noise"]
@@ -278,9 +296,16 @@ class MADDPG(OffPolicy):
         replayed = self.stored(batch.action)
         with torch.no_grad():
             target = self.td_target(batch, noise)
-        q = self.critics(x, self.joint(replayed, present))  # [n_critics, B]
+        q = self.critics(x, self.joint(replayed, present))  # [n_critics, B] ([n_critics, B, A] per agent)
         td = q - target
-        sq = td.square() * batch.weights if cfg.prioritized else td.square()
+        if self.per_agent:  # each agent's head learns from the steps it acted in
+            td = td * present
+            td_row = td.abs().amax(-1)
+            sq = td.square().sum(-1) / present.sum(-1).clamp(min=1)
+        else:
+            td_row = td.abs()
+            sq = td.square()
+        sq = sq * batch.weights if cfg.prioritized else sq
         critic_loss = sq.mean(1).sum()
         yield self.critic_opt, critic_loss
         stats = {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean(), "target_mean": target.mean()}
@@ -295,7 +320,9 @@ class MADDPG(OffPolicy):
             xs = x.unsqueeze(1).expand(B, A, x.shape[-1]).reshape(B * A, -1)
             self.critics.requires_grad_(False)  # only the actor steps; the critic passes gradients through
             try:
-                q_i = self.critics(xs, self.joint(variants, present.unsqueeze(1)).reshape(B * A, -1))[0].view(B, A)
+                q_i = self.critics(xs, self.joint(variants, present.unsqueeze(1)).reshape(B * A, -1))[0]
+                # variant i scored by the team critic, or by agent i's own head
+                q_i = q_i.view(B, A, A).diagonal(dim1=1, dim2=2) if self.per_agent else q_i.view(B, A)
                 weight = present.float() / present.sum(1, keepdim=True).clamp(min=1)
                 reg = (pre.square() * self.actor.dims).sum(-1) / self.actor.dims.sum(-1)
                 actor_loss = ((-q_i + cfg.action_reg * reg) * weight).sum(1).mean()
@@ -303,4 +330,4 @@ class MADDPG(OffPolicy):
             finally:
                 self.critics.requires_grad_(True)
             stats["actor_loss"] = actor_loss.detach()
-        return stats, (td.detach().abs().max(0).values if cfg.prioritized else None)
+        return stats, (td_row.detach().max(0).values if cfg.prioritized else None)

@@ -71,6 +71,8 @@ class OffPolicyConfig:
 class OffPolicy(Algorithm):
     # whether gradient workers may split a step's batch (not where a loss reads batch statistics: CrossQ)
     shardable: ClassVar[bool] = True
+    # the replay's reward per slot: () a scalar; (A,) one per agent (MADDPG with per-agent rewards)
+    reward_shape: tuple[int, ...] = ()
 
     def __init__(self, cfg: OffPolicyConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
@@ -85,7 +87,8 @@ class OffPolicy(Algorithm):
         cfg, rng = self.cfg, self.rng
         num_envs, obs_space, act_space = self.num_envs, self.obs_space, self.act_space
         kw = dict(device=self.device, seed=rng.seeds["replay"], n_step=cfg.n_step, gamma=cfg.gamma,
-                  frame_stack=frame_stack_of(obs_space))  # stacked frames (Atari) are stored once each
+                  frame_stack=frame_stack_of(obs_space),  # stacked frames (Atari) are stored once each
+                  reward_shape=self.reward_shape)
         try:
             if cfg.prioritized:
                 return PrioritizedReplayBuffer(cfg.buffer_size, num_envs, obs_space, act_space,

@@ -253,8 +253,8 @@ def _import_family(spec: str) -> Any:
 class ParallelFactory:
     """A picklable zero-argument callable building one fresh ParallelEnv for a spec."""
 
-    def __init__(self, spec: Any, kwargs: dict | None = None):
-        self.spec, self.kwargs = spec, dict(kwargs or {})
+    def __init__(self, spec: Any, kwargs: dict | None = None, opponents: tuple[str, ...] = ()):
+        self.spec, self.kwargs, self.opponents = spec, dict(kwargs or {}), tuple(opponents)
         pz = _pettingzoo()
         if pz is not None and isinstance(spec, (pz.ParallelEnv, pz.AECEnv)) and self.kwargs:
             raise UserError("env kwargs cannot be applied to an env instance; pass its class or a factory")
@@ -293,7 +293,12 @@ class ParallelFactory:
             env = spec(**self.kwargs)
         else:
             env = copy.deepcopy(spec)
-        return _as_parallel(env, name)
+        env = _as_parallel(env, name)
+        if self.opponents:
+            from corral.envs.opponents import RandomOpponents
+
+            env = RandomOpponents(env, self.opponents, name)
+        return env
 
 
 # ---------------------------------------------------------------------------
@@ -632,9 +637,10 @@ class MultiAgentVecEnv:
 
 def make_multiagent_vec_env(spec: Any, num_envs: int, kwargs: dict | None = None, device: Any = "cpu",
                             backend: str = "sync", max_episode_steps: int | None = None,
-                            check_finite: bool = True) -> MultiAgentVecEnv:
-    """N copies of the multi-agent env ``spec`` names (see the module docstring)."""
+                            check_finite: bool = True, opponents: tuple[str, ...] = ()) -> MultiAgentVecEnv:
+    """N copies of the multi-agent env ``spec`` names (see the module docstring); ``opponents``:
+    agents that act at random and are not trained (``corral.envs.opponents``)."""
     if backend != "sync":
         raise UserError(f"multi-agent envs run on env.backend=sync (in this process), not {backend!r}")
-    factory = ParallelFactory(spec, kwargs)
+    factory = ParallelFactory(spec, kwargs, opponents)
     return MultiAgentVecEnv(factory, num_envs, factory.name, device, max_episode_steps, check_finite)

@@ -38,6 +38,7 @@ def make_vec_env(
     max_episode_steps: int | None = None,
     mask_obs: tuple[int, ...] | None = None,
     multi_agent: bool | None = None,
+    opponents: tuple[str, ...] = (),
 ) -> HostVecEnv:
     """Build N envs for ``spec`` on ``backend``; the one entry point every caller uses.
 
@@ -78,7 +79,9 @@ def make_vec_env(
         if mask_obs:
             raise UserError(f"env.mask_obs applies to single-agent envs, not the multi-agent {name!r}")
         return make_multiagent_vec_env(spec, num_envs, kwargs, device, backend, max_episode_steps=max_episode_steps,
-                                       check_finite=check_finite)
+                                       check_finite=check_finite, opponents=opponents)
+    if opponents:
+        raise UserError(f"env.opponents applies to multi-agent envs, not the single-agent {name!r}: leave it unset")
     if mask_obs and (backend in ("native", "envpool") or (isinstance(spec, str) and spec.startswith("native:"))):
         raise UserError(f"env.mask_obs applies to sync and subproc envs, not the {backend} backend of {name!r}: "
                         "use env.backend=sync (or native:CartPoleNoVel-v1 for a masked native CartPole)")

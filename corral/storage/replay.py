@@ -94,7 +94,7 @@ class ReplayBatch:
 
     obs: torch.Tensor  # [B, *obs_shape], stored dtype (uint8 images stay uint8)
     action: torch.Tensor  # [B, *act_shape]; float32 for Box, int64 for discrete spaces
-    reward: torch.Tensor  # [B] float32, n-step discounted sum of rewards
+    reward: torch.Tensor  # [B] float32 (``[B, *reward_shape]``), n-step discounted sum of rewards
     next_obs: torch.Tensor  # [B, *obs_shape], obs n steps later, or the true final obs of an ended episode
     discount: torch.Tensor  # [B] float32, gamma^k * (1 - terminated); 0 where the window ended in termination
     weights: torch.Tensor  # [B] float32 importance weights (ones for uniform sampling)
@@ -301,8 +301,10 @@ class ReplayBuffer:
         gamma: float = 0.99,
         final_obs_capacity: int | None = None,
         frame_stack: int = 1,
+        reward_shape: tuple[int, ...] = (),
     ):
         capacity, num_envs, n_step, k = int(capacity), int(num_envs), int(n_step), int(frame_stack)
+        self.reward_shape = tuple(int(d) for d in reward_shape)  # per-slot reward dims (per-agent rewards: (A,))
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         if n_step < 1:
@@ -346,7 +348,7 @@ class ReplayBuffer:
         kw = dict(device=self.device)
         self._obs = torch.zeros((R, N, *self.frame_shape), dtype=self.obs_dtype, **kw)
         self._action = torch.zeros((T, N, *self.action_shape), dtype=self._action_dtype, **kw)
-        self._reward = torch.zeros((T, N), dtype=torch.float32, **kw)
+        self._reward = torch.zeros((T, N, *self.reward_shape), dtype=torch.float32, **kw)
         self._flags = torch.zeros((T, N), dtype=torch.uint8, **kw)
         name = f"ReplayBuffer(buffer_size={self.capacity})"
         self._final = _SideStore(final_cap, self.obs_shape, self.obs_dtype, self.device, self._check_fits,
@@ -366,7 +368,7 @@ class ReplayBuffer:
         # Flat views: slot (t, e) is element t * N + e, so one index gathers a batch.
         self._obs_flat = self._obs.view(R * N, *self.frame_shape)
         self._action_flat = self._action.view(T * N, *self.action_shape)
-        self._reward_flat = self._reward.view(T * N)
+        self._reward_flat = self._reward.view(T * N, *self.reward_shape)
         self._flags_flat = self._flags.view(T * N)
         self._young_cache: tuple[int, torch.Tensor] | None = None
         # On CPU, ``add`` writes through numpy views of the same memory: a numpy row
@@ -384,7 +386,7 @@ class ReplayBuffer:
         self._add_shapes = {
             "obs": (N, *self.obs_shape),
             "action": (N, *self.action_shape),
-            "reward": (N,),
+            "reward": (N, *self.reward_shape),
             "terminated": (N,),
             "truncated": (N,),
             "next_obs": (N, *self.obs_shape),
@@ -414,7 +416,7 @@ class ReplayBuffer:
     def _bytes_needed(self, final_obs_capacity: int) -> int:
         """Bytes the storage tensors take for this capacity (what the memory check compares)."""
         obs = _element_bytes(self.obs_shape, self.obs_dtype)
-        per_slot = _element_bytes(self.action_shape, self._action_dtype) + 4 + 1  # + reward, flags
+        per_slot = _element_bytes(self.action_shape, self._action_dtype) + _element_bytes(self.reward_shape, torch.float32) + 1  # + reward, flags
         needed = self.capacity * per_slot + final_obs_capacity * (obs + 8) + self._extra_bytes()
         per_row = _element_bytes(self.frame_shape, self.obs_dtype)  # a whole observation, or one frame
         if self.frame_stack > 1:
@@ -716,7 +718,8 @@ class ReplayBuffer:
             ended = ends.any(1)
             # Offset of the first episode end inside the window, or n - 1 if none.
             stop = torch.where(ended, ends.to(torch.uint8).argmax(1), n - 1)
-            reward = (self._reward_flat[window] * self._return_weights[stop]).sum(1)
+            weights = self._return_weights[stop].view(*stop.shape, n, *([1] * len(self.reward_shape)))
+            reward = (self._reward_flat[window] * weights).sum(1)
             terminated = flags.gather(1, stop[:, None]).squeeze(1) == TERMINATED
             discount = torch.where(terminated, 0.0, self._gamma_pow[stop + 1])
             stop_slots = (indices + stop * N) % TN
@@ -807,6 +810,10 @@ class ReplayBuffer:
                 f"replay checkpoint stores frames of {theirs}-frame stacks but this {type(self).__name__} has "
                 f"frame_stack={k}; build the buffer with frame_stack={theirs}"
             )
+        if tuple(state["reward"].shape[2:]) != self.reward_shape:
+            raise ValueError(f"replay checkpoint stores rewards of shape {tuple(state['reward'].shape[2:])} per slot but "
+                             f"this {type(self).__name__} has reward_shape={self.reward_shape}; build it with the same "
+                             "settings as the run that saved it")
         self._steps = int(state["steps"])
         filled = self._rows_filled
         for name in ("action", "reward", "flags"):
@@ -880,6 +887,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         eps: float = 1e-6,
         final_obs_capacity: int | None = None,
         frame_stack: int = 1,
+        reward_shape: tuple[int, ...] = (),
     ):
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
@@ -892,7 +900,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._tree_capacity = (int(capacity) // max(1, int(num_envs))) * int(num_envs)
         super().__init__(
             capacity, num_envs, obs_space, action_space, device=device, seed=seed, n_step=n_step, gamma=gamma,
-            final_obs_capacity=final_obs_capacity, frame_stack=frame_stack,
+            final_obs_capacity=final_obs_capacity, frame_stack=frame_stack, reward_shape=reward_shape,
         )
         self._tree = SumTree(self.capacity, device=self.device)
         self._max_priority = torch.ones((), dtype=torch.float64, device=self.device)
