@@ -553,7 +553,58 @@ def _refuse(reason: str) -> Callable[[Any, Context], Pairs]:
     return fn
 
 
-_HER = "HER (goal relabelling) is not in corral yet (issue 39, part 3)"
+_HER = ("rl-zoo 1.x's her.yml layout (model_class and HER's keys at the top level); SB3 >= 1.1 and corral name "
+        "the algorithm's own file with replay_buffer_class: HerReplayBuffer")
+# HerReplayBuffer's keyword arguments -> corral's (replay=her); the others are handled in _her_kwarg
+_HER_KWARGS = {"goal_selection_strategy": "her_strategy", "n_sampled_goal": "her_n_sampled_goal"}
+
+
+def _replay_buffer_class(value: Any, ctx: Context) -> Pairs:
+    """replay=her for HerReplayBuffer (corral/storage/her.py); none for SB3's ReplayBuffer / DictReplayBuffer"""
+    name = str(value).rsplit(".", 1)[-1]
+    if name == "HerReplayBuffer":
+        return [(ctx.field("replay", f"{ctx.algo} in corral keeps its own replay; HER is for sac, td3, ddpg, dqn "
+                                     "and their variants"), "her")]
+    if name in ("ReplayBuffer", "DictReplayBuffer"):
+        return []
+    raise Refused(f"{value!r}: corral's replay is uniform, prioritized (prioritized: true) or HER (HerReplayBuffer)")
+
+
+def _her_kwarg(k: str, v: Any, ctx: Context) -> Pairs:
+    if k in _HER_KWARGS:
+        if k == "goal_selection_strategy":
+            v = str(v).rsplit(".", 1)[-1].lower()  # 'future' or GoalSelectionStrategy.FUTURE
+        return [(ctx.field(_HER_KWARGS[k]), v)]
+    if k == "online_sampling" and v:
+        return []  # corral relabels at sampling time, as SB3 >= 1.8 always does
+    if k == "max_episode_length":
+        return []  # SB3 < 1.8's episode-shaped storage; corral's finds episode ends from the flags
+    if k == "handle_timeout_termination" and v:
+        return []  # corral always bootstraps at a truncation
+    if k == "copy_info_dict" and not v:
+        return []  # corral keeps no infos: compute_reward gets an empty dict per row, as with SB3's default
+    raise Refused(f"HerReplayBuffer's {k}={v!r} has no counterpart in corral's HER")
+
+
+def _replay_buffer_kwargs(value: Any, ctx: Context) -> Pairs:
+    """her_strategy (goal_selection_strategy), her_n_sampled_goal (n_sampled_goal); online_sampling=True,
+    max_episode_length, handle_timeout_termination=True: nothing to set; each other key refused"""
+    if isinstance(value, str):
+        value = parse_literal(value, "replay_buffer_kwargs")
+    if not isinstance(value, dict):
+        raise Refused(f"expected dict(...), got {value!r}")
+    if not value:
+        return []
+    if str(ctx.entry.get("replay_buffer_class", "")).rsplit(".", 1)[-1] != "HerReplayBuffer":
+        raise Refused("corral takes replay_buffer_kwargs for HerReplayBuffer only")
+    pairs: Pairs = []
+    for k, v in value.items():  # each argument on its own: --lenient skips only the ones refused
+        try:
+            pairs += _her_kwarg(k, v, ctx)
+        except Refused as e:
+            ctx.refused[f"replay_buffer_kwargs.{k}"] = str(e)
+    return pairs
+
 _CONTRIB = "a TRPO / ARS hyperparameter; corral has neither algorithm yet (issue 39, part 3)"
 
 # rl-zoo key -> how corral takes it: a function of (value, Context) returning (corral key, value)
@@ -593,8 +644,8 @@ KEYS: dict[str, Callable[[Any, Context], Pairs]] = {
     "use_sde": _use_sde,
     "sde_sample_freq": _with_sde,
     "use_sde_at_warmup": _with_sde,
-    "replay_buffer_class": _refuse(_HER),
-    "replay_buffer_kwargs": _refuse(_HER),
+    "replay_buffer_class": _replay_buffer_class,
+    "replay_buffer_kwargs": _replay_buffer_kwargs,
     "model_class": _refuse(_HER),
     "n_sampled_goal": _refuse(_HER),
     "goal_selection_strategy": _refuse(_HER),

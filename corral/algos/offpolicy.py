@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -26,6 +26,8 @@ from corral.config import Activation, option
 from corral.envs.spaces import frame_stack_of
 from corral.errors import TrainingError, UserError
 from corral.optim import FlatAdam
+from corral.storage import storage_class
+from corral.storage.her import replay_options
 from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer, ReplayCapacityError
 
 
@@ -58,6 +60,14 @@ class OffPolicyConfig:
     normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
     n_step: int = option(1, "n-step returns (stop at termination, bootstrap at truncation)", ge=1)
     prioritized: bool = option(False, "prioritized replay (proportional, sum-tree)")
+    replay: str | None = option(
+        None, "the replay storage by name: 'her' (hindsight goal relabelling for goal envs, her_* options), a name "
+              "registered with corral.register_storage or 'module:Class' (a ReplayBuffer subclass); None: uniform "
+              "(prioritized with prioritized=true)")
+    her_strategy: Literal["future", "final", "episode"] = option(
+        "future", "replay=her: a relabelled goal is achieved at a later step of the episode, its last, or any step")
+    her_n_sampled_goal: int = option(4, "replay=her: relabelled goals per real transition k (a sample is "
+                                        "relabelled with probability k / (k + 1))", ge=0)
     per_alpha: float = option(0.6, "prioritization exponent alpha", ge=0)
     per_beta: float = option(0.4, "initial importance-sampling exponent beta", ge=0, le=1)
     per_beta_final: float = option(1.0, "beta at the end of the run, reached linearly (Ape-X keeps 0.4: set both)",
@@ -81,6 +91,9 @@ class OffPolicy(Algorithm):
         self.grad_steps = 0
         self._since_update = 0
         self._pairs: dict = {}  # polyak's cached parameter lists
+        if cfg.replay is not None and (self.replay_server or type(self)._make_replay is not OffPolicy._make_replay):
+            raise UserError(f"{self.name} keeps its own replay (a server, or sequences); {self.name}.replay="
+                            f"{cfg.replay!r} is for the replay algorithms that learn in one process (sac, td3, dqn, ...)")
         self.replay = self._make_replay() if self.stores else None
 
     def _make_replay(self):
@@ -90,6 +103,9 @@ class OffPolicy(Algorithm):
                   frame_stack=frame_stack_of(obs_space),  # stacked frames (Atari) are stored once each
                   reward_shape=self.reward_shape)
         try:
+            if cfg.replay is not None:  # a storage by name: 'her' (corral/storage/her.py), registered or 'module:Class'
+                cls = storage_class(cfg.replay, ReplayBuffer, f"{self.name}.replay")
+                return cls(cfg.buffer_size, num_envs, obs_space, act_space, **kw, **replay_options(cls, cfg))
             if cfg.prioritized:
                 return PrioritizedReplayBuffer(cfg.buffer_size, num_envs, obs_space, act_space,
                                                alpha=cfg.per_alpha, beta=cfg.per_beta,

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
+from corral.envs.goal import attach_goal
 from corral.errors import UserError
 
 # float32 is exact for integers up to this; the flat vector is float32
@@ -240,6 +241,7 @@ class FlattenParts(gym.ObservationWrapper):
             start += n
         box = gym.spaces.Box(-np.inf, np.inf, (start,), np.float32)
         box.corral_layout = layout  # travels with the space (pickles with its __dict__)
+        attach_goal(env, box, _env_label(env))  # a GoalEnv's goal columns and compute_reward (HER)
         self.observation_space = box
         self._dict = isinstance(space, gym.spaces.Dict)
         self._single = not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple))

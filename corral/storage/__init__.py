@@ -2,14 +2,18 @@
 
 A user's storage class enters a run by name: ``corral.register_storage(name, cls)`` (or
 ``'module:Class'``), then ``--set ppo.storage=name``; the PPO family builds it in place of
-:class:`RolloutStorage`, with the same constructor arguments."""
+:class:`RolloutStorage`, with the same constructor arguments. A replay class (a subclass of
+:class:`~corral.storage.replay.ReplayBuffer`, such as ``her``) is named by a replay
+algorithm's ``replay`` option instead (``--set replay=her``)."""
 
 from __future__ import annotations
 
 from corral.errors import UserError
+from corral.storage.her import HerReplayBuffer
 from corral.storage.rollout import RolloutBatch, RolloutStorage
 
-STORAGES: dict[str, type] = {"rollout": RolloutStorage}
+# "her": hindsight relabelling over the replay (replay=her on a replay algorithm, corral/storage/her.py)
+STORAGES: dict[str, type] = {"rollout": RolloutStorage, "her": HerReplayBuffer}
 
 
 def register_storage(name: str, cls: type) -> None:
@@ -38,4 +42,4 @@ def storage_class(spec: str | None, base: type, option: str) -> type:
     return cls
 
 
-__all__ = ["STORAGES", "RolloutBatch", "RolloutStorage", "register_storage", "storage_class"]
+__all__ = ["STORAGES", "HerReplayBuffer", "RolloutBatch", "RolloutStorage", "register_storage", "storage_class"]
