@@ -272,7 +272,19 @@ _RECURRENT_POLICIES = ("MlpLstmPolicy", "CnnLstmPolicy", "MultiInputLstmPolicy")
 
 
 def _policy(value: Any, ctx: Context) -> Pairs:
-    """none: corral picks the network from the observation space (MLP, CNN for images, both for Dict)"""
+    """none: corral picks the network from the observation space (MLP, CNN for images, both for Dict); ars:
+    LinearPolicy hidden [], MlpPolicy hidden [64, 64] unless policy_kwargs gives net_arch"""
+    if ctx.has("n_delta"):  # ARS: sb3-contrib's LinearPolicy (no bias) or MlpPolicy (64x64 by default)
+        if value == "LinearPolicy":
+            return [(ctx.field("hidden"), [])]
+        if value == "MlpPolicy":
+            kw = ctx.entry.get("policy_kwargs")
+            try:
+                kw = parse_literal(kw, "policy_kwargs") if isinstance(kw, str) else kw
+            except UserError:
+                kw = None  # refused under policy_kwargs itself
+            return [] if isinstance(kw, dict) and "net_arch" in kw else [(ctx.field("hidden"), [64, 64])]
+        raise Refused(f"{value!r}: sb3-contrib's ARS policies are LinearPolicy and MlpPolicy")
     if value in ("MlpPolicy", "CnnPolicy", "MultiInputPolicy"):
         return []
     if value in _RECURRENT_POLICIES:
@@ -605,7 +617,6 @@ def _replay_buffer_kwargs(value: Any, ctx: Context) -> Pairs:
             ctx.refused[f"replay_buffer_kwargs.{k}"] = str(e)
     return pairs
 
-_CONTRIB = "a TRPO / ARS hyperparameter; corral has neither algorithm yet (issue 39, part 3)"
 
 # rl-zoo key -> how corral takes it: a function of (value, Context) returning (corral key, value)
 # pairs, or raising Refused with the reason. Its docstring is the table's second column
@@ -651,8 +662,10 @@ KEYS: dict[str, Callable[[Any, Context], Pairs]] = {
     "goal_selection_strategy": _refuse(_HER),
     "online_sampling": _refuse(_HER),
     "max_episode_length": _refuse(_HER),
-    **{k: _refuse(_CONTRIB) for k in ("n_critic_updates", "cg_damping", "cg_max_steps", "sub_sampling_factor",
-                                      "n_delta", "n_top", "delta_std", "zero_policy", "alive_bonus_offset")},
+    # sb3-contrib's TRPO and ARS: the same names in corral's trpo / ars
+    **{k: _same(k) for k in ("n_critic_updates", "cg_damping", "cg_max_steps", "line_search_shrinking_factor",
+                             "line_search_max_iter", "sub_sampling_factor", "n_delta", "n_top", "delta_std",
+                             "zero_policy", "alive_bonus_offset")},
     "callback": _refuse("rl-zoo's callbacks are SB3 code run inside its training loop; corral's hooks are "
                         "corral.train.hooks (docs/architecture.md)"),
     "vec_env_wrapper": _refuse("corral has no vector-env wrapper key"),

@@ -377,7 +377,9 @@ def test_list_zoo_shows_ok_and_refused_entries(capsys):
     out = capsys.readouterr().out
     assert any(ln.split()[:3] == ["ppo", "CartPole-v1", "ok"] for ln in out.splitlines())
     assert any(ln.split()[:3] == ["ppo", "Pendulum-v1", "refused"] and "use_sde" in ln for ln in out.splitlines())
-    assert any(ln.split()[:3] == ["trpo", "CartPole-v1", "refused"] for ln in out.splitlines())
+    assert any(ln.split()[:3] == ["trpo", "CartPole-v1", "ok"] for ln in out.splitlines())
+    assert any(ln.split()[:3] == ["trpo", "Pendulum-v1", "refused"] and "use_sde" in ln for ln in out.splitlines())
+    assert any(ln.split()[:3] == ["ars", "CartPole-v1", "ok"] for ln in out.splitlines())
 
 
 @pytest.mark.skipif(not HAVE_ZOO, reason="rl_zoo3 is not installed (pip install 'corral[zoo]')")
