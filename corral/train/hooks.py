@@ -187,7 +187,7 @@ class EvalHook:
                                      "train_seconds": round(learner.train_seconds - learner.eval_seconds, 4)})
         learner.eval_seconds += time.perf_counter() - t0
         self.last_step = learner.env_steps
-        if result["mean_return"] > learner.best_eval:
+        if result["mean_return"] >= learner.best_eval:  # a tie: the later, more trained policy
             learner.best_eval = result["mean_return"]
             if learner.run_dir:
                 learner.save(learner.run_dir / "checkpoints" / "best.pt", replay=False)  # for acting, not resuming
