@@ -1,13 +1,18 @@
 """``corral solve``: combinatorial problems solved with on-device RL.
 
-    corral solve maxcut GRAPH_FILE [--time-limit S] [--envs N] [--seed S] [--device D]
-                                   [--method ppo|random|greedy|tabu] [--out FILE] [--json]
+    corral solve PROBLEM INSTANCE [--seconds S] [--envs N] [--seed S] [--device D]
+                 [--method M] [--out FILE] [--json] [--verbose]
 
-GRAPH_FILE is in the Gset format (a header ``n m``, then ``u v w`` lines with 1-based node
-ids). The best cut value is printed; the assignment is written to ``--out`` (default
-``<graph name>.cut.txt`` in the current directory; ``--out -`` writes none): line i holds
-0 or 1, the side of node i. With ``--json`` the last line of stdout is
-``{"cut": ..., "seconds": ..., "nodes": ..., "edges": ...}``.
+PROBLEM is maxcut, mis (maximum independent set) or vc (minimum vertex cover). INSTANCE is a
+graph file (Gset: a header ``n m``, then ``u v w`` lines, 1-based; or DIMACS ``p edge n m`` /
+``e u v``) or a generator: ``er:N:P[:SEED]`` (Erdos-Renyi), ``rb:N:D[:SEED[:P]]`` (Model RB
+with a planted optimum of N, mis / vc only). The best value is printed with the best value over
+time; the solution is written to ``--out`` (default ``<instance>.cut.txt`` for maxcut,
+``<instance>.<problem>.txt`` otherwise; ``--out -`` writes none): line i holds 0 or 1 for node i
+(maxcut: its side; mis / vc: whether it is in the set). With ``--json`` the last line of stdout is
+one JSON record (maxcut: ``{"cut", "seconds", "nodes", "edges"}``; mis / vc: problem, instance,
+method, value, optimum, seconds, time_to_best, history, nodes, edges). Methods: maxcut ppo
+(default), random, greedy, tabu, mcpg; mis / vc mcpg (default), arw, greedy, networkx, exact.
 
 ``cli.py`` registers the subcommand with :func:`add_solve_parser`.
 """
@@ -21,7 +26,7 @@ from pathlib import Path
 
 from corral.errors import UserError
 
-PROBLEMS = ("maxcut",)
+PROBLEMS = ("maxcut", "mis", "vc")  # corral.problems.registry.PROBLEMS (not imported here: it loads torch)
 
 
 def write_assignment(assignment, path: str | Path) -> None:
@@ -39,62 +44,79 @@ def read_assignment(path: str | Path):
 def _cmd_solve(args) -> int:
     import torch
 
-    from corral.problems.graphs import read_gset
-    from corral.problems.maxcut_solver import solve_maxcut
+    from corral.problems.registry import check_method, check_problem, load_problem, solve
     from corral.train.setup import resolve_device
 
-    if args.problem not in PROBLEMS:
-        raise UserError(f"unknown problem {args.problem!r}; choose one of: {', '.join(PROBLEMS)}")
+    kind = check_problem(args.problem)
+    method = check_method(kind, args.method)
     if not args.time_limit > 0:
-        raise UserError(f"--time-limit must be positive, got {args.time_limit}")
+        raise UserError(f"--seconds (--time-limit) must be positive, got {args.time_limit}")
     if args.envs < 1:
         raise UserError(f"--envs must be >= 1, got {args.envs}")
     if args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
     device = resolve_device(args.device)
-    graph = read_gset(args.graph)
-    out = None if args.out == "-" else Path(args.out or f"{graph.name}.cut.txt")
+    problem = load_problem(kind, args.graph, device)
+    default_out = f"{problem.name}.cut.txt" if kind == "maxcut" else f"{problem.name}.{kind}.txt"
+    out = None if args.out == "-" else Path(args.out or default_out)
     if out is not None and out.parent != Path("") and not out.parent.is_dir():
         raise UserError(f"--out {str(out)!r}: the folder {str(out.parent)!r} does not exist")
     torch.set_num_threads(args.threads)
+    label = "cut" if kind == "maxcut" else kind
 
     def progress(rec: dict) -> None:
         if args.verbose:
-            print(f"[{rec['seconds']:7.1f}s] {rec['phase']:<7s} best cut {rec['cut']:g}", file=sys.stderr, flush=True)
+            print(f"[{rec['seconds']:7.1f}s] {rec['phase']:<7s} best {label} {rec['value']:g}", file=sys.stderr,
+                  flush=True)
 
-    result = solve_maxcut(graph, time_limit=args.time_limit, num_envs=args.envs, seed=args.seed, device=device,
-                          method=args.method, progress=progress)
+    problem, result = solve(kind, problem, seconds=args.time_limit, method=method, seed=args.seed, device=device,
+                            batch=args.envs, progress=progress)
     if out is not None:
-        write_assignment(result["assignment"], out)
-    cut = result["cut"]
-    cut = int(cut) if float(cut).is_integer() else cut
+        write_assignment(result.solution, out)
+    value = int(result.value) if float(result.value).is_integer() else result.value
+    where = f"; solution in {out}" if out is not None else ""
+    if kind == "maxcut":
+        if args.json:
+            print(json.dumps({"cut": value, "seconds": result.seconds, "nodes": problem.n,
+                              "edges": problem.graph.m}))
+        else:
+            print(f"best cut {value} on {problem.name} ({problem.n} nodes, {problem.graph.m} edges) "
+                  f"in {result.seconds:.1f}s with {method}{where.replace('solution', 'assignment')}")
+        return 0
     if args.json:
-        print(json.dumps({"cut": cut, "seconds": result["seconds"], "nodes": result["nodes"],
-                          "edges": result["edges"]}))
-    else:
-        where = f"; assignment in {out}" if out is not None else ""
-        print(f"best cut {cut} on {graph.name} ({result['nodes']} nodes, {result['edges']} edges) "
-              f"in {result['seconds']:.1f}s with {args.method}{where}")
+        print(json.dumps({**result.record(), **problem.describe()}))
+        return 0
+    known = ""
+    if result.optimum is not None:
+        known = f"; known optimum {result.optimum:g} (ratio {result.ratio:.4f})"
+    print(f"best {kind} {value} on {problem.name} ({problem.n} nodes, {problem.m} edges) in {result.seconds:.1f}s "
+          f"with {method}, first reached at {result.time_to_best}s{known}{where}")
+    print("best value over time: " + ", ".join(f"{t:g}s {v:g}" for t, v in result.history))
     return 0
 
 
 def add_solve_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``solve`` on an ``add_subparsers()`` object; the handler is ``args.fn``."""
-    s = subparsers.add_parser("solve", help="solve a combinatorial problem (maxcut) with on-device RL",
+    s = subparsers.add_parser("solve", help="solve a combinatorial problem (maxcut, mis, vc) with on-device RL",
                               description=__doc__.split("\n\n")[1] if __doc__ else None,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("problem", help="the problem: maxcut")
-    s.add_argument("graph", help="graph file in the Gset format ('n m' header, then 'u v w' lines, 1-based)")
-    s.add_argument("--time-limit", type=float, default=60.0, help="seconds to search (default 60)")
-    s.add_argument("--envs", type=int, default=32, help="parallel envs (default 32)")
+    s.add_argument("problem", help="the problem: " + ", ".join(PROBLEMS))
+    s.add_argument("graph", metavar="instance",
+                   help="graph file (Gset 'n m' header or DIMACS 'p edge', 1-based) or generator "
+                        "er:N:P[:SEED] / rb:N:D[:SEED[:P]]")
+    s.add_argument("--seconds", "--time-limit", dest="time_limit", type=float, default=60.0,
+                   help="seconds to search (default 60)")
+    s.add_argument("--envs", type=int, default=32, help="parallel envs / chains (default 32)")
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    s.add_argument("--method", choices=("ppo", "random", "greedy", "tabu"), default="ppo",
-                   help="ppo: learned flip policy (default); random: uniform random flips; "
-                        "greedy: multi-start steepest ascent; tabu: hand-written tabu search (reference)")
+    s.add_argument("--method", default=None,
+                   help="maxcut: ppo (learned flip policy, default), random, greedy, tabu, mcpg; "
+                        "mis / vc: mcpg (policy-gradient sampler + local search, default), arw ((1,2)-swap "
+                        "iterated local search), greedy (min degree), networkx (maximal set), exact (MILP)")
     s.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    s.add_argument("--out", help="assignment file, one 0/1 per node and line (default <graph>.cut.txt; '-': none)")
-    s.add_argument("--json", action="store_true", help="end with one JSON line: cut, seconds, nodes, edges")
-    s.add_argument("--verbose", action="store_true", help="print the best cut about once a second (stderr)")
+    s.add_argument("--out", help="solution file, one 0/1 per node and line (default <instance>.cut.txt for "
+                                 "maxcut, <instance>.<problem>.txt otherwise; '-': none)")
+    s.add_argument("--json", action="store_true", help="end with one JSON line (value, seconds, nodes, edges, ...)")
+    s.add_argument("--verbose", action="store_true", help="print the best value about once a second (stderr)")
     s.set_defaults(fn=_cmd_solve)
     return s
