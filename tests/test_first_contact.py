@@ -22,3 +22,18 @@ def test_a_tied_best_evaluation_keeps_the_later_policy(tmp_path):
     latest = corral.load(run / "checkpoints" / "latest.pt")
     for a, b in zip(agent.actor.state_dict().values(), latest.actor.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_a_local_ray_keeps_few_task_events():
+    """corral's local Ray caps the GCS task-event store (Ray's default keeps 100k tasks)."""
+    import pytest
+
+    ray = pytest.importorskip("ray")
+    from corral.population.tune import ray_session
+
+    if ray.is_initialized():
+        pytest.skip("a Ray session is already up in this process")
+    with ray_session(1):
+        import ray._raylet as raylet
+
+        assert raylet.Config.task_events_max_num_task_in_gcs() == 2000

@@ -36,8 +36,10 @@ def ray_session(num_cpus: int | None):
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     owns = not ray.is_initialized()
     if owns:
+        from corral.schemes.ray_scheme import LOCAL_RAY_CONFIG
+
         ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING)
+                 logging_level=logging.WARNING, _system_config=LOCAL_RAY_CONFIG)
     try:
         yield
     finally:

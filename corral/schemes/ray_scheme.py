@@ -22,6 +22,12 @@ import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError, RayTaskError
 
 from corral.errors import UserError
+
+# Ray settings for the local clusters corral starts (not for a cluster it joins). Ray's GCS keeps
+# the events of the last 100k tasks for its dashboard (about 500 bytes each); a long run's
+# actor calls fill that within its first minutes, and the store only then stops growing.
+# corral reads none of it, so keep it small.
+LOCAL_RAY_CONFIG = {"task_events_max_num_task_in_gcs": 2000}
 from corral.schemes.fragments import CollectorFailed, FragmentScheme
 from corral.schemes.collector import Collector, driver_paths, portable_env_spec
 from corral.schemes.grad import GradientWorker
@@ -262,7 +268,7 @@ class RayScheme(FragmentScheme):
             # address="local": a new instance even where `ray start` left a cluster on this
             # machine (Ray would otherwise join that one, and refuse num_cpus).
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, self._actors_needed()),
-                     include_dashboard=False, **kw)
+                     include_dashboard=False, _system_config=LOCAL_RAY_CONFIG, **kw)
         self._owns_ray = True
 
     def _cpus_per_actor(self) -> float:
