@@ -238,5 +238,5 @@ class TRPO(PPO):
         stats = super().update(progress)
         del stats["clip_range"]  # there is none
         if isinstance(self.actor.head, DiagGaussianHead):
-            stats["std"] = float(self.actor.head.log_std.exp().mean())
+            stats["std"] = float(self.actor.head.log_std.detach().exp().mean())
         return stats
