@@ -90,7 +90,7 @@ def solve(kind: str, instance: str | Problem, seconds: float = 30.0, method: str
         from corral.problems import mis
 
         if method == "arw":
-            result = mis.arw_ils(problem, seconds, seed=seed, **options)
+            result = mis.arw_ils(problem, seconds, seed=seed, **{"stop_at": problem.optimum, **options})
         elif method == "greedy":
             result = mis.greedy_min_degree(problem)
         elif method == "networkx":
