@@ -60,310 +60,21 @@ velocities, colours, the step counter, the RNG state).
 
 from __future__ import annotations
 
-import copy
-import difflib
-import importlib
-import math
 import warnings
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from corral.envs.agent_layout import (AgentLayout, AgentStep, AgentView, agent_layout,  # noqa: F401 (re-exported)
+                                      is_multiagent_space, require_layout)
 from corral.envs.base import EnvError
 from corral.envs.host import tree_to_numpy, tree_to_torch
+from corral.envs.parallel import (EXTRA_HINT, ParallelFactory, _check_spaces, _obs_part,  # noqa: F401
+                                  is_multiagent_spec, is_pettingzoo_env)
 from corral.errors import UserError
 
-EXTRA_HINT = "pip install 'corral[multiagent]'"
-
-
-class AgentStep(NamedTuple):
-    """Per-agent results of one vector step, ``[N, A]`` each (``info["agents"]``)."""
-
-    reward: torch.Tensor
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-
-
-class AgentView(NamedTuple):
-    """The structured view of packed multi-agent observations (see :class:`AgentLayout`)."""
-
-    obs: torch.Tensor  # [N, A, D]
-    state: torch.Tensor  # [N, S]
-    agent_mask: torch.Tensor  # [N, A] bool
-    action_mask: torch.Tensor | None  # [N, A, K] bool (discrete actions), else None
-
-
-@dataclass(frozen=True)
-class AgentLayout:
-    """Where each part sits in a packed observation row, and the agents' padded spaces."""
-
-    agents: tuple[str, ...]
-    obs_dim: int  # D: the padded flat size of one agent's observation
-    obs_dims: tuple[int, ...]  # each agent's own flat size
-    state_dim: int  # S
-    has_state: bool  # the env has its own state(); else the state is the concatenated observations
-    discrete: bool
-    n_actions: int  # K: padded Discrete size, or the padded Box size
-    act_sizes: tuple[int, ...]  # each agent's own n (Discrete) or size (Box)
-    act_low: tuple[tuple[float, ...], ...] = ()  # Box: each agent's padded bounds
-    act_high: tuple[tuple[float, ...], ...] = ()
-
-    @property
-    def n_agents(self) -> int:
-        return len(self.agents)
-
-    @property
-    def state_start(self) -> int:
-        return self.n_agents * self.obs_dim
-
-    @property
-    def mask_start(self) -> int:
-        return self.state_start + self.state_dim
-
-    @property
-    def action_mask_start(self) -> int:
-        return self.mask_start + self.n_agents
-
-    @property
-    def size(self) -> int:
-        return self.action_mask_start + (self.n_agents * self.n_actions if self.discrete else 0)
-
-    def split(self, x: torch.Tensor) -> AgentView:
-        """Packed rows ``[..., F]`` -> :class:`AgentView` (``obs``, ``state`` are views)."""
-        lead = x.shape[:-1]
-        A, D = self.n_agents, self.obs_dim
-        obs = x[..., :self.state_start].reshape(*lead, A, D)
-        state = x[..., self.state_start:self.mask_start]
-        mask = x[..., self.mask_start:self.action_mask_start] > 0.5
-        amask = None
-        if self.discrete:
-            amask = x[..., self.action_mask_start:].reshape(*lead, A, self.n_actions) > 0.5
-        return AgentView(obs, state, mask, amask)
-
-    def action_space(self) -> gym.Space:
-        """The joint action of one env: ``MultiDiscrete([K] * A)`` or ``Box [A, K]``."""
-        if self.discrete:
-            return gym.spaces.MultiDiscrete([self.n_actions] * self.n_agents)
-        return gym.spaces.Box(np.array(self.act_low, np.float32), np.array(self.act_high, np.float32),
-                              dtype=np.float32)
-
-    def agent_action_space(self) -> gym.Space:
-        """One agent's padded action space (what a shared policy outputs)."""
-        if self.discrete:
-            return gym.spaces.Discrete(self.n_actions)
-        low = np.array(self.act_low, np.float32)
-        high = np.array(self.act_high, np.float32)
-        if not (np.all(low == low[0]) and np.all(high == high[0])):
-            # a shared Gaussian head maps to one set of bounds: the agents' must agree
-            raise UserError("agents' Box action bounds differ; a shared policy needs one set of bounds "
-                            f"(got low {low.tolist()}, high {high.tolist()})")
-        return gym.spaces.Box(low[0], high[0], dtype=np.float32)
-
-
-def agent_layout(space: gym.Space) -> AgentLayout | None:
-    """The :class:`AgentLayout` a multi-agent env's observation space carries, or None."""
-    return getattr(space, "corral_agents", None)
-
-
-def require_layout(algo: str, space: gym.Space) -> AgentLayout:
-    """The layout of a multi-agent observation space; a :class:`UserError` naming ``algo``
-    for any other space."""
-    layout = agent_layout(space)
-    if layout is None:
-        raise UserError(f"{algo} needs a multi-agent env (mpe:NAME, pettingzoo:family.name, or a "
-                        "module:callable returning a PettingZoo env)")
-    return layout
-
-
-def is_multiagent_space(space: gym.Space) -> bool:
-    return agent_layout(space) is not None
-
-
-# ---------------------------------------------------------------------------
-# Resolving what a user names
-
-
-def _pettingzoo():
-    try:
-        import pettingzoo
-    except ImportError:
-        return None
-    return pettingzoo
-
-
-def is_pettingzoo_env(obj: Any) -> bool:
-    """A PettingZoo ParallelEnv or AECEnv instance or class."""
-    pz = _pettingzoo()
-    if pz is None:
-        return False
-    kinds = (pz.ParallelEnv, pz.AECEnv)
-    return isinstance(obj, kinds) or (isinstance(obj, type) and issubclass(obj, kinds))
-
-
-def is_multiagent_spec(spec: Any) -> bool:
-    """Whether ``spec`` names a multi-agent env without building one: ``mpe:`` and
-    ``pettingzoo:`` ids, PettingZoo instances and classes. (A ``module:callable`` returning a
-    PettingZoo env is multi-agent when a multi-agent algorithm asks for it.)"""
-    if isinstance(spec, str):
-        return spec.startswith(("mpe:", "pettingzoo:"))
-    return is_pettingzoo_env(spec)
-
-
-def _as_parallel(env: Any, name: str) -> Any:
-    pz = _pettingzoo()
-    if pz is None:
-        raise UserError(f"env {name!r} is multi-agent and needs PettingZoo: {EXTRA_HINT}")
-    if isinstance(env, pz.ParallelEnv):
-        return env
-    if isinstance(env, pz.AECEnv):
-        from pettingzoo.utils.conversions import aec_to_parallel
-
-        return aec_to_parallel(env)
-    raise UserError(f"env {name!r} built {type(env).__name__}, not a PettingZoo ParallelEnv or AECEnv; "
-                    "multi-agent algorithms take PettingZoo envs (mpe:NAME, pettingzoo:family.name, "
-                    "module:callable returning one, or an instance)")
-
-
-def _import_family(spec: str) -> Any:
-    prefix, _, name = spec.partition(":")
-    package = "mpe2" if prefix == "mpe" else "pettingzoo"
-    try:
-        importlib.import_module(package)
-    except ImportError:
-        raise UserError(f"env {spec!r} needs the {package} package: {EXTRA_HINT}") from None
-    try:
-        return importlib.import_module(f"{package}.{name}")
-    except ImportError:
-        known = []
-        if package == "mpe2":
-            import pkgutil
-
-            import mpe2
-
-            known = [m.name for m in pkgutil.iter_modules(mpe2.__path__) if m.name.endswith(tuple(f"_v{i}" for i in range(10)))]
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(prefix + ':' + c for c in close)}?" if close else \
-            (f"; available: {', '.join(sorted(known))}" if known else "")
-        raise UserError(f"unknown multi-agent env {spec!r}: no module {package}.{name}{hint}") from None
-
-
-class ParallelFactory:
-    """A picklable zero-argument callable building one fresh ParallelEnv for a spec."""
-
-    def __init__(self, spec: Any, kwargs: dict | None = None, opponents: tuple[str, ...] = ()):
-        self.spec, self.kwargs, self.opponents = spec, dict(kwargs or {}), tuple(opponents)
-        pz = _pettingzoo()
-        if pz is not None and isinstance(spec, (pz.ParallelEnv, pz.AECEnv)) and self.kwargs:
-            raise UserError("env kwargs cannot be applied to an env instance; pass its class or a factory")
-
-    @property
-    def name(self) -> str:
-        from corral.envs.make import env_name
-
-        return env_name(self.spec)
-
-    def __call__(self) -> Any:
-        spec, name = self.spec, self.name
-        if isinstance(spec, str):
-            if spec.startswith(("mpe:", "pettingzoo:")):
-                module = _import_family(spec)
-                build = getattr(module, "parallel_env", None)
-                try:
-                    if spec.startswith("mpe:") and callable(getattr(module, "env", None)):
-                        from corral.envs.mpe import MPEParallel  # the parallel conversion with state hooks
-
-                        env = MPEParallel(module.env(**self.kwargs))
-                    else:
-                        env = build(**self.kwargs) if build is not None else module.env(**self.kwargs)
-                except TypeError as e:
-                    raise UserError(f"env {spec!r} rejected its kwargs {self.kwargs}: {e}") from None
-            elif ":" not in spec:
-                raise UserError(f"env {spec!r} is not a PettingZoo env; multi-agent algorithms take mpe:NAME, "
-                                "pettingzoo:family.name, a module:callable returning a ParallelEnv or AECEnv, "
-                                "or an instance")
-            else:
-                from corral.envs.make import _load_attr
-
-                obj = _load_attr(spec)
-                env = copy.deepcopy(obj) if is_pettingzoo_env(obj) and not isinstance(obj, type) else obj(**self.kwargs)
-        elif isinstance(spec, type) or (callable(spec) and not is_pettingzoo_env(spec)):
-            env = spec(**self.kwargs)
-        else:
-            env = copy.deepcopy(spec)
-        env = _as_parallel(env, name)
-        if self.opponents:
-            from corral.envs.opponents import RandomOpponents
-
-            env = RandomOpponents(env, self.opponents, name)
-        return env
-
-
-# ---------------------------------------------------------------------------
-# Spaces
-
-
-def _obs_part(space: gym.Space) -> tuple[gym.Space, bool]:
-    """(the observation part, whether it carries an action_mask) of one agent's space."""
-    if isinstance(space, gym.spaces.Dict) and "observation" in space.spaces:
-        return space["observation"], "action_mask" in space.spaces
-    return space, False
-
-
-def _check_spaces(env: Any, name: str) -> AgentLayout:
-    agents = tuple(env.possible_agents)
-    if not agents:
-        raise UserError(f"env {name!r} has no possible_agents")
-    obs_dims, act_sizes, kinds = [], [], set()
-    lows, highs = [], []
-    for a in agents:
-        part, _ = _obs_part(env.observation_space(a))
-        if not isinstance(part, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)):
-            raise UserError(f"env {name!r}: agent {a!r} observation space {part} is not supported "
-                            "(Box, Discrete, MultiDiscrete, MultiBinary, or a Dict with 'observation' and 'action_mask')")
-        obs_dims.append(int(gym.spaces.flatdim(part)))
-        act = env.action_space(a)
-        if isinstance(act, gym.spaces.Discrete):
-            kinds.add("discrete")
-            act_sizes.append(int(act.n))
-        elif isinstance(act, gym.spaces.Box):
-            kinds.add("box")
-            act_sizes.append(int(math.prod(act.shape)))
-            lows.append(np.asarray(act.low, np.float32).reshape(-1))
-            highs.append(np.asarray(act.high, np.float32).reshape(-1))
-        else:
-            raise UserError(f"env {name!r}: agent {a!r} action space {act} is not supported (Discrete or Box)")
-    if len(kinds) > 1:
-        raise UserError(f"env {name!r} mixes Discrete and Box action spaces across agents; corral pads spaces of "
-                        "one kind only")
-    discrete = kinds == {"discrete"}
-    K = max(act_sizes)
-    low = high = ()
-    if not discrete:
-        pad = lambda v, fill: tuple(float(x) for x in np.concatenate([v, np.full(K - len(v), fill, np.float32)]))  # noqa: E731
-        low = tuple(pad(v, -1.0) for v in lows)
-        high = tuple(pad(v, 1.0) for v in highs)
-    D = max(obs_dims)
-    has_state = callable(getattr(env, "state", None))
-    state_space = getattr(env, "state_space", None)
-    try:
-        if has_state:
-            env.state()
-    except NotImplementedError:  # PettingZoo's base class: the env has no global state
-        has_state = False
-    except Exception:  # state() before reset may fail (AttributeError too); the space says what it holds
-        has_state = state_space is not None
-    if has_state:
-        S = int(gym.spaces.flatdim(state_space)) if state_space is not None else int(np.size(env.state()))
-    else:
-        S = len(agents) * D
-    return AgentLayout(agents, D, tuple(obs_dims), S, has_state, discrete, K, tuple(act_sizes), low, high)
-
-
-# ---------------------------------------------------------------------------
-# The vector env
 
 
 class MultiAgentVecEnv:
@@ -502,6 +213,43 @@ class MultiAgentVecEnv:
                            "cast them with .long()")
         return action.detach().cpu().numpy()
 
+    def _joint(self, i: int, env: Any, acts: np.ndarray) -> dict:
+        """Env ``i``'s joint action dict for its live agents from their rows of ``acts``."""
+        L = self.layout
+        joint = {}
+        for a in self.live[i]:
+            j = self._agent_index[a]
+            if L.discrete:
+                v = int(acts[j])
+                if not 0 <= v < L.act_sizes[j]:
+                    raise EnvError(f"env {self.env_id!r}: action {v} for agent {a!r} (env index {i}) is outside "
+                                   f"its action space Discrete({L.act_sizes[j]})")
+                joint[a] = v
+            else:
+                space = env.action_space(a)
+                joint[a] = np.clip(acts[j, :L.act_sizes[j]], space.low.reshape(-1), space.high.reshape(-1)) \
+                    .astype(space.dtype).reshape(space.shape)
+        return joint
+
+    def _agent_results(self, i: int, env: Any, acting: set, out: tuple, rew: np.ndarray, term: np.ndarray,
+                       trunc: np.ndarray) -> None:
+        """Fill env ``i``'s per-agent ``rew``/``term``/``trunc`` rows from its step's dicts ``out``
+        and update its live agents (the episode cap truncates every one still live)."""
+        o, r, te, tr = out
+        index = self._agent_index
+        for a in acting:
+            j = index[a]
+            rew[j] = float(r.get(a, 0.0))
+            gone = a not in o and a not in te and a not in tr
+            term[j] = bool(te.get(a, False)) or gone  # vanished without a flag: terminated
+            trunc[j] = bool(tr.get(a, False)) and not term[j]
+        self.live[i] = set(env.agents) - {a for a in acting if term[index[a]] or trunc[index[a]]}
+        if self.max_episode_steps is not None and self.t[i] >= self.max_episode_steps and self.live[i]:
+            for a in self.live[i]:
+                if a in acting:
+                    trunc[index[a]] = True
+            self.live[i] = set()
+
     def step(self, action: Any):
         L = self.layout
         acts = self._actions(action)
@@ -517,39 +265,13 @@ class MultiAgentVecEnv:
         agent_returns = None
         for i, env in enumerate(self.envs):
             acting = self.live[i]
-            joint = {}
-            for a in acting:
-                j = self._agent_index[a]
-                if L.discrete:
-                    v = int(acts[i, j])
-                    if not 0 <= v < L.act_sizes[j]:
-                        raise EnvError(f"env {self.env_id!r}: action {v} for agent {a!r} (env index {i}) is outside "
-                                       f"its action space Discrete({L.act_sizes[j]})")
-                    joint[a] = v
-                else:
-                    space = env.action_space(a)
-                    joint[a] = np.clip(acts[i, j, :L.act_sizes[j]], space.low.reshape(-1), space.high.reshape(-1)) \
-                        .astype(space.dtype).reshape(space.shape)
             try:
-                o, r, te, tr, infos = env.step(joint)
+                o, r, te, tr, infos = env.step(self._joint(i, env, acts[i]))
             except Exception as e:
                 raise EnvError(f"env {self.env_id!r} (index {i}) raised at vector step {self.steps}: "
                                f"{type(e).__name__}: {e}") from e
             self.t[i] += 1
-            for a in acting:
-                j = self._agent_index[a]
-                rew[i, j] = float(r.get(a, 0.0))
-                gone = a not in o and a not in te and a not in tr
-                term[i, j] = bool(te.get(a, False)) or gone  # vanished without a flag: terminated
-                trunc[i, j] = bool(tr.get(a, False)) and not term[i, j]
-            self.live[i] = set(env.agents) - {a for a in acting if term[i, self._agent_index[a]]
-                                              or trunc[i, self._agent_index[a]]}
-            capped = self.max_episode_steps is not None and self.t[i] >= self.max_episode_steps and self.live[i]
-            if capped:
-                for a in self.live[i]:
-                    if a in acting:
-                        trunc[i, self._agent_index[a]] = True
-                self.live[i] = set()
+            self._agent_results(i, env, acting, (o, r, te, tr), rew[i], term[i], trunc[i])
             if acting:
                 team[i] = rew[i, [self._agent_index[a] for a in acting]].mean()
             self.ep_ret[i] += rew[i]
