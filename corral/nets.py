@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 from torch import nn
+
+# the fused paths live in corral/kernels/mlp.py; their names stay importable from here
+from corral.kernels.mlp import (_FUSED_ACTS, _MLPFunction, _parallel_mlp_forward,  # noqa: F401
+                                _ParallelMLPFunction, fast_tanh_, mlp_backward, mlp_forward, plain_activations)
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 ACTIVATION_FNS = {"tanh": torch.tanh, "relu": torch.relu, "elu": nn.functional.elu, "silu": nn.functional.silu}
@@ -83,63 +86,6 @@ class MLP(nn.Sequential):
         acts = [act is not None for _, _, act in self._plan]
         return _MLPFunction.apply(x, self.act_name, acts, *params)
 
-
-class _MLPFunction(torch.autograd.Function):
-    """``MLP.forward`` for 2-d inputs written out with its backward: one autograd node
-    instead of two per layer (a SAC actor's step spends as much in autograd's bookkeeping
-    as in its small matmuls). The forward is ``forward``'s ops (the same values bit for
-    bit); ``tests/test_nets.py`` checks the gradients against plain autograd."""
-
-    @staticmethod
-    def forward(ctx, x, act_name, acts, *params):
-        h, inputs = mlp_forward(x, params, acts, act_name)
-        ctx.act_name, ctx.acts = act_name, acts
-        ctx.save_for_backward(*params, *inputs, h)
-        return h
-
-    @staticmethod
-    def backward(ctx, grad):
-        saved, n = ctx.saved_tensors, len(ctx.acts)
-        params, inputs, out = saved[:2 * n], saved[2 * n:-1], saved[-1]
-        grads = [None] * (2 * n)
-        need = ctx.needs_input_grad
-        g = mlp_backward(grad, params, ctx.acts, ctx.act_name, inputs, out, grads, need[3:], need[0])
-        return (g, None, None, *grads)
-
-
-def mlp_forward(x: torch.Tensor, params, acts, act_name: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """A chain of linear layers on a 2-d input, ``params`` ``(w0, b0, w1, b1, ...)``, the
-    activation (relu or tanh, in place) after layer ``i`` where ``acts[i]``. Returns the
-    output and each layer's input, what ``mlp_backward`` needs."""
-    act = torch.relu_ if act_name == "relu" else torch.tanh_
-    h, inputs = x, []
-    for i, after in enumerate(acts):
-        inputs.append(h)
-        h = torch.addmm(params[2 * i + 1], h, params[2 * i].t())
-        if after:
-            h = act(h)
-    return h, inputs
-
-
-def mlp_backward(grad: torch.Tensor, params, acts, act_name: str, inputs, out: torch.Tensor, grads: list,
-                 needs=None, input_grad: bool = False) -> torch.Tensor | None:
-    """``mlp_forward``'s backward from ``grad`` (d loss / d out): each layer's weight and bias
-    gradient into ``grads[2i]`` / ``grads[2i + 1]`` (where ``needs`` says, all by default);
-    an entry that already holds a tensor is written in place (``out=``: a flat optimizer's
-    gradient view), else a new tensor is put there. Returns d loss / d input if ``input_grad``."""
-    outputs = [*inputs[1:], out]
-    g = grad
-    for i in reversed(range(len(acts))):
-        if acts[i]:
-            g = (torch.ops.aten.threshold_backward(g, outputs[i], 0) if act_name == "relu"
-                 else torch.ops.aten.tanh_backward(g, outputs[i]))
-        if needs is None or needs[2 * i]:
-            grads[2 * i] = torch.mm(g.t(), inputs[i], out=grads[2 * i])
-        if needs is None or needs[2 * i + 1]:
-            grads[2 * i + 1] = torch.sum(g, 0, out=grads[2 * i + 1])
-        if i > 0 or input_grad:
-            g = g.mm(params[2 * i])
-    return g if input_grad else None
 
 
 def is_image_space(space) -> bool:
@@ -288,89 +234,6 @@ class ParallelMLP(nn.Module):
         return x
 
 
-def fast_tanh_(z: torch.Tensor) -> torch.Tensor:
-    """tanh(z) in place; on large CPU tensors as 2*sigmoid(2z) - 1 (within ~2e-7 of
-    torch.tanh). torch's CPU tanh kernel is about 3x slower than that whole chain, and it is
-    the largest single cost of a small MLP's gradient step; on small tensors (acting on a
-    few envs) the chain's four launches cost more than the one tanh."""
-    if z.device.type != "cpu" or z.numel() < 4096:
-        return z.tanh_()
-    return z.mul_(2.0).sigmoid_().mul_(2.0).sub_(1.0)
-
-
-_FUSED_ACTS = {"tanh": fast_tanh_, "relu": torch.relu_}
-
-
-@contextlib.contextmanager
-def plain_activations():
-    """Within it, ``ParallelMLP``'s tanh is ``torch.tanh_`` at every size: a traced or exported
-    graph (``corral.export``) has no branch on the batch size (``fast_tanh_``'s), at no cost
-    to the training path outside it."""
-    saved = _FUSED_ACTS["tanh"]
-    _FUSED_ACTS["tanh"] = torch.tanh_
-    try:
-        yield
-    finally:
-        _FUSED_ACTS["tanh"] = saved
-
-
-def _parallel_mlp_forward(x, act_name, act_after, params):
-    """Returns the output and the inputs of every layer (what the backward needs)."""
-    act = _FUSED_ACTS[act_name]
-    n = params[0].shape[0]
-    h = x.unsqueeze(0).expand(n, *x.shape) if x.dim() == 2 else x
-    inputs = []
-    for i, after in enumerate(act_after):
-        inputs.append(h)
-        h = torch.baddbmm(params[2 * i + 1], h, params[2 * i].mT)
-        if after:
-            h = act(h)
-    return h, inputs
-
-
-class _ParallelMLPFunction(torch.autograd.Function):
-    """ParallelMLP's forward and backward written out for tanh and relu: one autograd
-    node for the whole stack instead of two or three per layer (on small nets the
-    autograd bookkeeping costs as much as the matmuls), activation derivatives taken
-    from the saved outputs. ``tests/test_nets.py`` checks it against plain autograd."""
-
-    @staticmethod
-    def forward(ctx, x, act_name, act_after, *params):
-        out, inputs = _parallel_mlp_forward(x, act_name, act_after, params)
-        ctx.act_name, ctx.act_after, ctx.x_dim = act_name, act_after, x.dim()
-        ctx.save_for_backward(*params, *inputs, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        saved = ctx.saved_tensors
-        n_layers = len(ctx.act_after)
-        params, inputs, out = saved[:2 * n_layers], saved[2 * n_layers:-1], saved[-1]
-        outputs = [*inputs[1:], out]  # what each layer's activation produced
-        grads = [None] * (2 * n_layers)
-        g = grad
-        for i in reversed(range(n_layers)):
-            if ctx.act_after[i]:
-                if ctx.act_name == "tanh":
-                    g = torch.ops.aten.tanh_backward(g, outputs[i])
-                else:
-                    g = torch.ops.aten.threshold_backward(g, outputs[i], 0)
-            w = params[2 * i]
-            # Frozen parameters (a critic under the actor's loss) get no gradient computed.
-            if ctx.needs_input_grad[3 + 2 * i]:
-                # dW = g^T h, [n, out, in]; computed as (h^T g)^T when out > in: MKL's batched
-                # matmul is several times slower when the result's last dimension is tiny.
-                grads[2 * i] = torch.bmm(g.mT, inputs[i]) if w.shape[1] <= w.shape[2] else torch.bmm(inputs[i].mT, g).mT
-            if ctx.needs_input_grad[4 + 2 * i]:
-                grads[2 * i + 1] = g.sum(1, keepdim=True)
-            if i > 0 or ctx.needs_input_grad[0]:
-                # one output (a critic's Q): an outer product, exact as a broadcast multiply
-                # (no sum over k), ~3x faster than MKL's batched matmul with k = 1
-                g = g * w if w.shape[1] == 1 else torch.bmm(g, w)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = g.sum(0) if ctx.x_dim == 2 else g
-        return (grad_x, None, None, *grads)
 
 
 class CategoricalHead(nn.Module):

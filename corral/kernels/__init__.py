@@ -1,0 +1,1 @@
+"""Fast paths kept apart from the readable code they replace (see each module)."""
