@@ -18,10 +18,10 @@ import json
 import time
 
 import numpy as np
-import torch
+import yaml
 
 import corral
-from corral.envs.multiagent import make_multiagent_vec_env
+from corral.envs.opponents import random_team_return
 
 # (game, trained side) -> (env id, the other side's agents: the fixed random opponent)
 CELLS = {
@@ -30,30 +30,6 @@ CELLS = {
     "adversary-good": ("mpe:simple_adversary_v3", ("adversary_*",)),
     "adversary-adversary": ("mpe:simple_adversary_v3", ("agent_*",)),
 }
-
-
-def random_team_return(env_id: str, opponents: tuple[str, ...], episodes: int, seed: int,
-                       kwargs: dict | None = None) -> float:
-    """Mean team return of uniformly random actions against the random opponent."""
-    venv = make_multiagent_vec_env(env_id, 8, kwargs, opponents=opponents)
-    g = torch.Generator().manual_seed(seed)
-    L = venv.layout
-    returns: list[float] = []
-    try:
-        venv.reset(seed=seed)
-        while len(returns) < episodes:
-            if L.discrete:
-                action = torch.randint(0, L.n_actions, (venv.num_envs, L.n_agents), generator=g)
-                action = torch.minimum(action, torch.tensor(L.act_sizes) - 1)
-            else:
-                low, high = torch.tensor(L.act_low), torch.tensor(L.act_high)
-                action = low + (high - low) * torch.rand((venv.num_envs, L.n_agents, L.n_actions), generator=g)
-            _, _, _, _, info = venv.step(action)
-            done = info["episode_done"]
-            returns += info["episode_return"][done].tolist()
-    finally:
-        venv.close()
-    return float(np.mean(returns[:episodes]))
 
 
 def run_cell(algo: str, cell: str, steps: int, seed: int, episodes: int, overrides: dict) -> dict:
@@ -78,7 +54,7 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--json")
     a = p.parse_args()
-    overrides = dict(kv.split("=", 1) for kv in a.set)
+    overrides = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.set)}  # as --set reads them
     rows = []
     for cell in a.cells:
         for seed in a.seeds:
@@ -86,7 +62,7 @@ def main() -> None:
             rows.append(r)
             print(f"{a.algo} {cell} seed {seed}: eval {r['eval']:.2f}  random {r['random']:.2f}  "
                   f"gain {r['gain']:+.2f}  ({r['cpu_s']:.0f} CPU-s)", flush=True)
-    print(f"\n| cell | env | seeds | eval (mean) | random team | gain per seed |\n|---|---|---|---|---|---|")
+    print("\n| cell | env | seeds | eval (mean) | random team | gain per seed |\n|---|---|---|---|---|---|")
     for cell in a.cells:
         rs = [r for r in rows if r["cell"] == cell]
         gains = ", ".join(f"{r['gain']:+.2f}" for r in rs)
