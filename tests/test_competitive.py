@@ -41,8 +41,10 @@ def test_per_agent_rewards_take_the_same_n_step_sums_as_one_buffer_per_agent():
         for a in range(A):
             single[a].add(*args, r[:, a], term, trunc, o + 0.5)
     idx = torch.arange(0, 30)
-    b = joint._gather(idx, torch.ones(30))
-    assert b.reward.shape == (30, A)
+    iw = torch.linspace(0.1, 1.0, 30)  # importance weights pass through the n-step sums untouched
+    b = joint._gather(idx, iw)
+    assert b.reward.shape == (30, A) and torch.equal(b.weights, iw)
+    assert torch.equal(single[0]._gather(idx, iw).weights, iw)
     for a in range(A):
         s = single[a]._gather(idx, torch.ones(30))
         assert torch.allclose(b.reward[:, a], s.reward) and torch.equal(b.discount, s.discount)

@@ -718,8 +718,8 @@ class ReplayBuffer:
             ended = ends.any(1)
             # Offset of the first episode end inside the window, or n - 1 if none.
             stop = torch.where(ended, ends.to(torch.uint8).argmax(1), n - 1)
-            weights = self._return_weights[stop].view(*stop.shape, n, *([1] * len(self.reward_shape)))
-            reward = (self._reward_flat[window] * weights).sum(1)
+            w = self._return_weights[stop].view(*stop.shape, n, *([1] * len(self.reward_shape)))
+            reward = (self._reward_flat[window] * w).sum(1)
             terminated = flags.gather(1, stop[:, None]).squeeze(1) == TERMINATED
             discount = torch.where(terminated, 0.0, self._gamma_pow[stop + 1])
             stop_slots = (indices + stop * N) % TN
