@@ -4,9 +4,9 @@
     python benchmarks/her_learning.py dqn BitFlipping15-v0 --steps 10000 --seeds 0
 
 Each seed trains twice with the same config (the algorithm's preset for the env, then
-``--set`` pairs), once with ``replay=her`` and once without; every ``--every`` env steps the
-policy's success rate on ``--episodes`` held-out episodes (mode actions, env seed 123) is
-printed, and a JSON line per run at the end. Success is the last step's reward being 0
+``--set`` pairs), once with ``replay=her`` and once with ``replay`` unset (uniform replay);
+every ``--every`` env steps the policy's success rate on ``--episodes`` held-out episodes
+(mode actions, env seed 123) is recorded, and a JSON line per run is printed at the end. Success is the last step's reward being 0
 (the goal reached: BitFlipping terminates there, PointReach ends within the threshold).
 """
 
@@ -62,9 +62,8 @@ def run(algo: str, env_id: str, steps: int, seed: int, her: bool, every: int, ep
     from corral.train.setup import build_config
     from corral.train.learner import Learner
 
-    overrides = {"eval.episodes": 0, "tensorboard": False, **sets}
-    if her:
-        overrides["replay"] = "her"
+    # replay named either way: the env's preset may set replay=her (PointReach-v0, BitFlipping*-v0)
+    overrides = {"eval.episodes": 0, "tensorboard": False, **sets, "replay": "her" if her else None}
     t0 = time.time()
     cfg = build_config(algo, env_id, steps=steps, seed=seed, overrides=overrides)
     learner = Learner(cfg, None, env_spec=env_id, quiet=True)
