@@ -152,6 +152,13 @@ class Algorithm:
     recurrent: ClassVar[bool] = False
     # takes multi-agent envs (packed observations with an agent layout: corral.envs.multiagent)
     multi_agent: ClassVar[bool] = False
+    # with collectors, fragments carry the per-agent results (Step.agents) this algorithm's observe reads
+    multi_agent_collectors: ClassVar[bool] = False
+    # how gradient workers (scheme.grad_workers > 1) split an update (corral.schemes.grad.sharded_class):
+    # "minibatches" (PPO's loop), "steps" (the replay family's gradient steps), None: not wired, and
+    # grad_sharding_note says why where the class knows
+    grad_sharding: ClassVar[str | None] = None
+    grad_sharding_note: ClassVar[str] = ""
     actor: torch.nn.Module
     total_steps: int = 1  # the run's step budget, set by the Learner; drives schedules like epsilon
 

@@ -48,7 +48,8 @@ class CrossQ(SAC):
     name = "crossq"
     Config = CrossQConfig
     networks = ("actor", "critics")  # no target network
-    shardable = False
+    grad_sharding = None
+    grad_sharding_note = "its loss reads the statistics of the whole batch (batch renorm)"
 
     def __init__(self, cfg: CrossQConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         if is_image_space(obs_space):  # before the replay is sized for images

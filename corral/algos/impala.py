@@ -41,6 +41,7 @@ class IMPALAConfig(PPOConfig):
 
 class IMPALA(PPO):
     name = "impala"
+    grad_sharding = None  # PPO's minibatch sharding does not cover this update
     Config = IMPALAConfig
     STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "rho_mean", "rho_clipfrac")
     KL = 3

@@ -59,6 +59,7 @@ class MAPPO(PPO):
     """Multi-agent PPO with a shared actor-critic; ``ippo`` is this class with ``centralized_value=False``."""
 
     name = "mappo"
+    grad_sharding = None  # PPO's minibatch sharding does not cover this update
     Config = MAPPOConfig
     multi_agent = True
     multi_agent_collectors = True  # collectors' fragments carry Step.agents; observe marks their boundaries

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 
@@ -79,8 +79,7 @@ class OffPolicyConfig:
 
 
 class OffPolicy(Algorithm):
-    # whether gradient workers may split a step's batch (not where a loss reads batch statistics: CrossQ)
-    shardable: ClassVar[bool] = True
+    grad_sharding = "steps"  # gradient workers split each step's batch (not where a loss reads batch statistics)
     # the replay's reward per slot: () a scalar; (A,) one per agent (MADDPG with per-agent rewards)
     reward_shape: tuple[int, ...] = ()
 

@@ -275,6 +275,7 @@ class PPO(Algorithm):
 
     name = "ppo"
     Config = PPOConfig
+    grad_sharding = "minibatches"  # A2C and REINFORCE too (their own loss in minibatch_loss)
     networks = ("actor", "ret_norm")
     optimizers = ("optimizer",)
     STATS = STAT_NAMES

@@ -125,6 +125,7 @@ class RNDBatch(PPOBatch):
 
 class PPORND(PPO):
     name = "ppo_rnd"
+    grad_sharding = None  # PPO's minibatch sharding does not cover this update
     Config = PPORNDConfig
     networks = ("actor", "ret_norm", "rnd", "int_norm")
     optimizers = ("optimizer", "rnd_optimizer")

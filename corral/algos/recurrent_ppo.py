@@ -94,6 +94,7 @@ def sequence_layout(T: int, N: int, L: int, device=None) -> tuple[torch.Tensor, 
 
 class RecurrentPPO(RecurrentColumns, PPO):
     name = "ppo_lstm"
+    grad_sharding = None  # PPO's minibatch sharding does not cover this update
     Config = RecurrentPPOConfig
 
     def __init__(self, cfg: RecurrentPPOConfig, obs_space, act_space, num_envs, device, rng, role="learner"):

@@ -119,6 +119,7 @@ def kl_divergence(head: torch.nn.Module, old: torch.Tensor, new: torch.Tensor) -
 
 class TRPO(PPO):
     name = "trpo"
+    grad_sharding = None  # PPO's minibatch sharding does not cover this update
     Config = TRPOConfig
     STATS = ("pg_loss", "v_loss", "entropy", "kl", "line_search_success")
 

@@ -33,8 +33,6 @@ import dataclasses
 
 import torch
 
-from corral.algos.a2c import A2C
-from corral.algos.offpolicy import OffPolicy
 from corral.algos.ppo import PPO, PPOBatch
 from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
@@ -344,16 +342,12 @@ class ShardedOffPolicy:
 
 
 def sharded_class(algo) -> type:
-    if type(algo) is PPO:
-        return ShardedPPO
-    if isinstance(algo, A2C):  # and REINFORCE: PPO's loop with their own loss (``minibatch_loss``)
-        cls = type(algo)
-        return type(f"Sharded{cls.__name__}", (ShardedPPO, cls), {"name": cls.name, "Config": cls.Config})
-    if isinstance(algo, OffPolicy) and not algo.shardable:
-        raise UserError(f"scheme.grad_workers > 1 splits each batch, and {algo.name}'s loss reads the statistics of "
-                        "the whole batch (batch renorm); set scheme.grad_workers=1")
-    if isinstance(algo, OffPolicy):
-        cls = type(algo)
-        return type(f"Sharded{cls.__name__}", (ShardedOffPolicy, cls), {"name": cls.name, "Config": cls.Config})
-    raise UserError(f"scheme.grad_workers > 1 is wired for ppo, a2c, reinforce and the replay algorithms, not {algo.name}; "
-                    "set scheme.grad_workers=1 (collectors scale collection for every algorithm)")
+    """``type(algo)`` with the gradient-worker mixin its ``grad_sharding`` declares."""
+    cls = type(algo)
+    mixin = {"minibatches": ShardedPPO, "steps": ShardedOffPolicy}.get(cls.grad_sharding)
+    if mixin is None:
+        why = f": {cls.grad_sharding_note}" if cls.grad_sharding_note else \
+            " (it is wired for ppo, a2c, reinforce and the replay algorithms)"
+        raise UserError(f"scheme.grad_workers > 1 splits each update, not for {algo.name}{why}; set "
+                        "scheme.grad_workers=1 (collectors scale collection for every algorithm)")
+    return type(f"Sharded{cls.__name__}", (mixin, cls), {"name": cls.name, "Config": cls.Config})

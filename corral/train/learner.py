@@ -46,7 +46,7 @@ def check_agents(cls, env, cfg) -> None:
     if cls.multi_agent and cfg.scheme.grad_workers > 1:
         raise UserError(f"{cfg.algo}: gradient workers are not built for multi-agent algorithms yet; leave "
                         "scheme.grad_workers at 1")
-    if cls.multi_agent and cfg.scheme.collectors > 1 and not getattr(cls, "multi_agent_collectors", False):
+    if cls.multi_agent and cfg.scheme.collectors > 1 and not cls.multi_agent_collectors:
         raise UserError(f"{cfg.algo}: Ray collectors are built for the on-policy multi-agent algorithms (ippo, "
                         "mappo), not this one yet; leave scheme.collectors at 1")
 
