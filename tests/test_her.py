@@ -214,6 +214,14 @@ def test_goal_envs_flatten_with_their_goal_columns_and_reward_function():
         assert p.step(np.zeros(2))[2:4] == (False, False)  # the 50-step limit is the registered TimeLimit's
 
 
+def test_a_compute_reward_that_is_not_vectorised_is_named():
+    buf = _buffer(60, 2)
+    _fill(buf, 30, lengths=(5, 6))
+    buf.goal = GoalSpec(A, D, (2,), lambda ag, dg, info: float(np.all(ag == dg)) - 1, "scalar")
+    with pytest.raises(ValueError, match="vectorised"):
+        buf.sample(64)
+
+
 def test_her_is_refused_where_it_cannot_run():
     with pytest.raises(UserError, match="goal env"):
         corral.train("sac", "Pendulum-v1", steps=10, save_run=False, replay="her", **QUIET)

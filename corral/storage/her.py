@@ -184,9 +184,9 @@ class HerReplayBuffer(ReplayBuffer):
         batch.next_obs[rows, self.goal.desired] = goal
         try:
             reward = self.goal.reward(batch.next_obs[rows, self.goal.achieved], goal)
-        except ValueError:
-            raise
-        except Exception as e:  # the env's own code: say where it failed
+        except Exception as e:  # the env's own code (or its output's shape): say where it failed
+            if isinstance(e, ValueError) and str(e).startswith(self.goal.env):
+                raise
             raise ValueError(f"HER: {self.goal.env}'s compute_reward raised {type(e).__name__}: {e}") from e
         batch.reward[rows] = reward.to(batch.reward.dtype)
 
