@@ -33,6 +33,16 @@ CASES = {
                                                   "ppo.normalize_obs": True, "env.num_envs": 4}),
     "ppo_native": ("ppo", "native:CartPole-v1", 8192, {"eval.episodes": 0, "env.num_envs": 16,
                                                       "ppo.n_steps": 16, "ppo.batch_size": 128}),
+    # the families whose parts were rearranged (recurrent actor-critics, delayed actors, epsilon,
+    # registry variants): small budgets, the code paths they share
+    "ppo_lstm": ("ppo_lstm", "CartPole-v1", 2048, {"eval.episodes": 0, "ppo_lstm.n_steps": 128,
+                                                   "ppo_lstm.batch_size": 128}),
+    "impala_lstm": ("impala_lstm", "CartPole-v1", 2048, {"eval.episodes": 0}),
+    "r2d2": ("r2d2", "CartPole-v1", 3000, {"eval.episodes": 0, "r2d2.learning_starts": 1000}),
+    "qmix_rnn": ("qmix", "corral.envs.matrix_games:TwoStepGame", 3000, {"eval.episodes": 0,
+                                                                        "qmix.recurrent": True}),
+    "matd3": ("matd3", "tests/ma_envs.py:TargetsEnv", 1500, {"eval.episodes": 0}),
+    "ddpg": ("ddpg", "Pendulum-v1", 1500, {"eval.episodes": 0, "ddpg.learning_starts": 500}),
 }
 
 

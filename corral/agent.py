@@ -123,7 +123,7 @@ def build_acting_algo(cfg: C.TrainConfig, device: torch.device):
     """The algorithm of ``cfg`` built for acting only: no replay, rollout storage or optimizer state."""
     env = make_env(cfg, None, "cpu", num_envs=1, evaluation=True)
     spec = get_algo(cfg.algo)
-    algo = spec.cls(cfg.algo_cfg, env.single_observation_space, env.single_action_space, cfg.env.num_envs,
+    algo = spec.class_for(cfg.algo_cfg)(cfg.algo_cfg, env.single_observation_space, env.single_action_space, cfg.env.num_envs,
                     device, RNGStreams(cfg.seed, device), role="actor")
     env.close()
     return algo

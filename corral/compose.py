@@ -111,8 +111,8 @@ class AlgoFactory:
         from corral.rng import RNGStreams
 
         dev = torch.device(device)
-        return self.spec.cls(dataclasses.replace(self.config), obs_space, act_space, num_envs, dev,
-                             RNGStreams(seed, dev), role=role)
+        cfg = dataclasses.replace(self.config)
+        return self.spec.class_for(cfg)(cfg, obs_space, act_space, num_envs, dev, RNGStreams(seed, dev), role=role)
 
     def settings(self) -> dict[str, Any]:
         return {f"{self.name}.{k}": v for k, v in self.options.items()}

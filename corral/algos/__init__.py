@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from corral.algos.a2c import A2C, A2CConfig
 from corral.algos.ars import ARS
@@ -17,7 +17,7 @@ from corral.algos.dqn import DQN, DQNConfig
 from corral.algos.mdqn import MunchausenDQN
 from corral.algos.mappo import MAPPO
 from corral.algos.maddpg import MADDPG, MATD3_OVERRIDES
-from corral.algos.qmix import QMIX
+from corral.algos.qmix import QMIX, qmix_variant
 from corral.algos.ngu import NGU, Agent57
 from corral.algos.impala import IMPALA
 from corral.algos.ppo import PPO, PPOConfig
@@ -40,6 +40,13 @@ class AlgoSpec:
     cls: type[Algorithm]
     overrides: dict[str, Any] = field(default_factory=dict)
     help: str = ""
+    # the class a config builds where an option picks another implementation under the same name
+    # (qmix.recurrent: RecurrentQMIX); None: always ``cls``
+    variant: Callable[[Any], type[Algorithm]] | None = None
+
+    def class_for(self, algo_cfg: Any) -> type[Algorithm]:
+        """The class to build for ``algo_cfg``."""
+        return self.variant(algo_cfg) if self.variant is not None else self.cls
 
 
 ALGOS: dict[str, AlgoSpec] = {
@@ -101,9 +108,9 @@ ALGOS: dict[str, AlgoSpec] = {
     "ippo": AlgoSpec(MAPPO, {"centralized_value": False}, "IPPO: independent PPO, shared actor-critic with agent "
                      "ids, each agent's value on its own observation (PettingZoo / MPE envs)"),
     "qmix": AlgoSpec(QMIX, help="QMIX: per-agent Q mixed monotonically by hypernetworks of the global state, "
-                     "double-Q targets (PettingZoo / MPE envs, discrete)"),
+                     "double-Q targets (PettingZoo / MPE envs, discrete)", variant=qmix_variant),
     "vdn": AlgoSpec(QMIX, {"mixer": "vdn"}, "VDN: per-agent Q summed into the team's value (PettingZoo / MPE envs, "
-                    "discrete)"),
+                    "discrete)", variant=qmix_variant),
     "maddpg": AlgoSpec(MADDPG, help="MADDPG: decentralised deterministic actors, a centralised critic on the state and "
                        "all agents' actions; Gumbel-softmax for discrete actions (PettingZoo / MPE envs)"),
     "matd3": AlgoSpec(MADDPG, MATD3_OVERRIDES, "MATD3: MADDPG with twin centralised critics (min target), target "

@@ -170,9 +170,20 @@ class Algorithm:
         self.obs_space = obs_space
         self.act_space = act_space
         self.num_envs = num_envs
+        # the num_envs to build this algorithm again with (a multi-agent algorithm's num_envs counts its
+        # N * A agent columns; it sets this to N)
+        self.env_columns = num_envs
         self.device = device
         self.rng = rng
         self.role = role
+
+    def ensemble_vote(self) -> str | None:
+        """How an ensemble (``corral.population.ensemble``) combines this algorithm's votes:
+        ``"q"`` (its actor's ``q(obs)``, averaged), ``"probs"`` (a categorical policy's
+        probabilities), ``"action"`` (a continuous policy's deterministic action), or None."""
+        if self.value_method:
+            return "q" if callable(getattr(self.actor, "q", None)) else None
+        return "action" if isinstance(self.act_space, gym.spaces.Box) else None
 
     @property
     def learns(self) -> bool:
@@ -212,6 +223,18 @@ class Algorithm:
     def rewarded(self, reward: torch.Tensor) -> None:
         """The env's rewards ``[N]`` for the step just taken, said by the same loops before
         ``episodes_ended`` (NGU conditions its next action on the previous reward)."""
+
+    def step_hooks(self) -> tuple[Any, Any]:
+        """``(rewarded, episodes_ended)`` bound, or None for each this class leaves as the base's
+        no-op, so the Learner's loop skips calling it."""
+        kind = type(self)
+        return (self.rewarded if kind.rewarded is not Algorithm.rewarded else None,
+                self.episodes_ended if kind.episodes_ended is not Algorithm.episodes_ended else None)
+
+    def unfilled_bytes(self) -> int:
+        """Bytes the algorithm's storage will still take as it fills (a replay buffer's empty
+        slots); ``corral bench --dry-run`` adds them to a probe's memory. 0 by default."""
+        return 0
 
     def policy(self, deterministic: bool = True) -> Policy:
         """What evaluation and video act with (a recurrent algorithm's keeps its state)."""

@@ -43,6 +43,14 @@ class DQNConfig(OffPolicyConfig):
     noisy_sigma0: float = option(0.5, "noisy nets: initial noise scale sigma_0 (sigma = sigma_0 / sqrt(fan_in))", gt=0)
 
 
+
+def linear_epsilon(cfg, env_steps: int, total_steps: int) -> float:
+    """The replay family's epsilon schedule (a part: DQN, R2D2, QMIX): ``exploration_initial_eps``
+    to ``exploration_final_eps`` linearly over the first ``exploration_fraction`` of the run."""
+    frac = min(1.0, env_steps / max(1.0, cfg.exploration_fraction * total_steps))
+    return cfg.exploration_initial_eps + frac * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
+
+
 class DQN(OffPolicy):
     name = "dqn"
     Config = DQNConfig
@@ -82,11 +90,7 @@ class DQN(OffPolicy):
 
     @property
     def epsilon(self) -> float:
-        cfg = self.cfg
-        if cfg.noisy:
-            return 0.0
-        frac = min(1.0, self.env_steps / max(1.0, cfg.exploration_fraction * self.total_steps))
-        return cfg.exploration_initial_eps + frac * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
+        return 0.0 if self.cfg.noisy else linear_epsilon(self.cfg, self.env_steps, self.total_steps)
 
     def explore(self, obs):
         n = obs.shape[0]

@@ -49,7 +49,7 @@ from corral.actors.offpolicy import Critics
 from corral.algos.base import Action
 from corral.algos.mappo import act_dict
 from corral.algos.offpolicy import OffPolicy
-from corral.algos.td3 import TD3, TD3Config
+from corral.algos.td3 import DelayedActor, TD3Config
 from corral.config import option
 from corral.envs.multiagent import AgentLayout, AgentView, require_layout
 from corral.errors import UserError
@@ -163,7 +163,7 @@ class MultiAgentActor(nn.Module):
         return logits.argmax(-1)
 
 
-class MADDPG(OffPolicy):
+class MADDPG(DelayedActor, OffPolicy):
     """MADDPG; ``matd3`` is this class with twin critics, target smoothing and a delayed actor."""
 
     name = "maddpg"
@@ -190,11 +190,6 @@ class MADDPG(OffPolicy):
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
         self.actor_opt = self._optimizer(self.actor.parameters(), cfg.actor_lr or cfg.lr)
         self.critic_opt = self._optimizer(self.critics.parameters(), cfg.lr)
-        self._last_actor_loss = None
-
-    # TD3's cadence: the actor and the targets step every policy_delay critic steps
-    _actor_step = TD3._actor_step
-    after_step = TD3.after_step
 
     def store(self, step) -> None:
         if not self.per_agent:

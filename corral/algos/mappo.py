@@ -60,6 +60,7 @@ class MAPPO(PPO):
 
     name = "mappo"
     grad_sharding = None  # PPO's minibatch sharding does not cover this update
+    user_actor = False  # builds its own actor (make_actor)
     Config = MAPPOConfig
     multi_agent = True
     multi_agent_collectors = True  # collectors' fragments carry Step.agents; observe marks their boundaries
@@ -70,9 +71,9 @@ class MAPPO(PPO):
             if getattr(cfg, key):
                 raise UserError(f"{type(self).name}.{key} is not built for multi-agent actors; leave it unset")
         self.layout = layout
-        self.env_columns = num_envs  # what it was built with (num_envs below counts agent columns)
         # N envs of A agents: N * A rollout columns (env-major)
         super().__init__(cfg, obs_space, act_space, num_envs * layout.n_agents, device, rng, role)
+        self.env_columns = num_envs  # what it was built with
         self.present = torch.zeros(cfg.n_steps, self.num_envs, dtype=torch.bool, device=device) if self.stores \
             else None
 

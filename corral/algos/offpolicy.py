@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -82,6 +82,9 @@ class OffPolicy(Algorithm):
     grad_sharding = "steps"  # gradient workers split each step's batch (not where a loss reads batch statistics)
     # the replay's reward per slot: () a scalar; (A,) one per agent (MADDPG with per-agent rewards)
     reward_shape: tuple[int, ...] = ()
+    # the transition replay of _make_replay, whose storage `replay` may name (HER, ...); False where a
+    # class keeps its own (sequences)
+    replay_by_name: ClassVar[bool] = True
 
     def __init__(self, cfg: OffPolicyConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
@@ -90,10 +93,18 @@ class OffPolicy(Algorithm):
         self.grad_steps = 0
         self._since_update = 0
         self._pairs: dict = {}  # polyak's cached parameter lists
-        if cfg.replay is not None and (self.replay_server or type(self)._make_replay is not OffPolicy._make_replay):
+        if cfg.replay is not None and (self.replay_server or not self.replay_by_name):
             raise UserError(f"{self.name} keeps its own replay (a server, or sequences); {self.name}.replay="
                             f"{cfg.replay!r} is for the replay algorithms that learn in one process (sac, td3, dqn, ...)")
         self.replay = self._make_replay() if self.stores else None
+
+    def unfilled_bytes(self) -> int:
+        replay = self.replay
+        if replay is None or not getattr(replay, "capacity", 0) or not hasattr(replay, "nbytes"):
+            return 0
+        filled = min(1.0, len(replay) / replay.capacity) if hasattr(replay, "__len__") else 0.0
+        nbytes = replay.nbytes() if callable(replay.nbytes) else replay.nbytes
+        return int(nbytes * (1.0 - filled))
 
     def _make_replay(self):
         cfg, rng = self.cfg, self.rng

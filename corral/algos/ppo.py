@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -276,6 +276,8 @@ class PPO(Algorithm):
     name = "ppo"
     Config = PPOConfig
     grad_sharding = "minibatches"  # A2C and REINFORCE too (their own loss in minibatch_loss)
+    # make_actor takes a user's actor class (``actor``); a subclass that builds its own declares False
+    user_actor: ClassVar[bool] = True
     networks = ("actor", "ret_norm")
     optimizers = ("optimizer",)
     STATS = STAT_NAMES
@@ -289,7 +291,7 @@ class PPO(Algorithm):
                 f"{self.name}.batch_size={cfg.batch_size} is larger than the rollout n_steps*num_envs={rollout}; "
                 "lower batch_size or raise n_steps"
             )
-        if getattr(cfg, "actor", None) is not None and type(self).make_actor is not PPO.make_actor:
+        if cfg.actor is not None and not self.user_actor:
             raise UserError(f"{self.name}.actor: a user's actor class is taken where the algorithm builds PPO's "
                             f"actor-critic; {self.name} builds its own: subclass {type(self).__name__} and override "
                             "make_actor instead (docs/custom.md)")
@@ -307,6 +309,11 @@ class PPO(Algorithm):
             self.storage = storage_cls(cfg.n_steps, num_envs, obs_shape, act_shape, act_dtype, device, obs_dtype)
         self._last_obs: torch.Tensor | None = None
         self.updates = 0
+
+    def ensemble_vote(self) -> str | None:
+        if isinstance(self.actor, ActorCritic) and isinstance(self.actor.head, CategoricalHead):
+            return "probs"
+        return super().ensemble_vote()
 
     def make_actor(self) -> torch.nn.Module:
         """The actor-critic (built under the run's init seed): the user's ``actor`` class, else

@@ -126,6 +126,7 @@ class RNDBatch(PPOBatch):
 class PPORND(PPO):
     name = "ppo_rnd"
     grad_sharding = None  # PPO's minibatch sharding does not cover this update
+    user_actor = False  # builds its own actor (make_actor)
     Config = PPORNDConfig
     networks = ("actor", "ret_norm", "rnd", "int_norm")
     optimizers = ("optimizer", "rnd_optimizer")

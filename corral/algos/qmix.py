@@ -33,15 +33,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from corral.actors.multiagent import AgentMLP
-from corral.algos.base import Action
+from corral.algos.base import Action, Step
+from corral.algos.dqn import linear_epsilon
 from corral.algos.mappo import act_dict
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
+from corral.algos.r2d2 import RecurrentAction, SequenceState, nstep_sequence_targets
+from corral.algos.recurrent import RecurrentColumns
 from corral.config import option
 from corral.envs.multiagent import AgentLayout, agent_layout, require_layout
 from corral.errors import UserError
-from corral.algos.r2d2 import RecurrentAction, SequenceState, nstep_sequence_targets
-from corral.algos.recurrent import RecurrentColumns
-from corral.algos.base import Step
 from corral.nets import MLP, RecurrentCore, layer_init
 from corral.storage.replay import ReplayCapacityError
 from corral.storage.sequence import SequenceReplay, SequenceWindow
@@ -179,17 +179,9 @@ class QMIX(OffPolicy):
         cfg = self.cfg
         return AgentQ(self.layout, cfg.hidden, cfg.activation, cfg.agent_id, cfg.share_params)
 
-    def __new__(cls, cfg=None, *args, **kwargs):  # (cfg optional: copy and pickle call __new__(cls))
-        # ``qmix.recurrent`` (and vdn's): the same algorithm name, GRU agents on sequence replay
-        if getattr(cfg, "recurrent", False) and not issubclass(cls, RecurrentQMIX):
-            cls = RecurrentQMIX
-        return super().__new__(cls)
-
     @property
     def epsilon(self) -> float:
-        cfg = self.cfg
-        frac = min(1.0, self.env_steps / max(1.0, cfg.exploration_fraction * self.total_steps))
-        return cfg.exploration_initial_eps + frac * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
+        return linear_epsilon(self.cfg, self.env_steps, self.total_steps)
 
     # --- acting
     def explore(self, obs):
@@ -307,6 +299,8 @@ class RecurrentQMIX(SequenceState, RecurrentColumns, QMIX):
     (``corral.algos.r2d2.nstep_sequence_targets``) with the target mixer's ``Q_tot`` of the
     double-Q picks as the bootstrap (cut at terminations, steps whose window meets a
     truncation left out)."""
+
+    replay_by_name = False  # its own sequence replay (_make_replay)
 
     def __init__(self, cfg: QMIXConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         if not cfg.share_params:
@@ -426,3 +420,8 @@ class RecurrentQMIX(SequenceState, RecurrentColumns, QMIX):
                  "target_mean": (target * mask).sum() / mask.sum().clamp(min=1.0)}
         return stats, (abs_td.amax(1) if cfg.prioritized else None)
 
+
+def qmix_variant(cfg: QMIXConfig) -> type[QMIX]:
+    """The registry's pick for ``qmix`` / ``vdn``: ``recurrent=true`` builds :class:`RecurrentQMIX`
+    (the same algorithm name, GRU agents on sequence replay)."""
+    return RecurrentQMIX if cfg.recurrent else QMIX

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from corral.actors.recurrent import RecurrentQNetwork
 from corral.algos.apex import ApexMixin
 from corral.algos.base import Step
-from corral.algos.dqn import DQN, DQNConfig
+from corral.algos.dqn import DQN, DQNConfig, linear_epsilon
 from corral.algos.recurrent import RecurrentColumns
 from corral.config import option
 from corral.errors import UserError
@@ -153,6 +153,7 @@ class R2D2(SequenceState, RecurrentColumns, ApexMixin, DQN):
     name = "r2d2"
     Config = R2D2Config
     replay_items = "sequences"  # with collectors, a SequenceReplayServer cuts their fragments
+    replay_by_name = False  # its own sequence replay (_make_replay)
 
     def __init__(self, cfg: R2D2Config, obs_space, act_space, num_envs, device, rng, role="learner"):
         if cfg.noisy:
@@ -197,7 +198,7 @@ class R2D2(SequenceState, RecurrentColumns, ApexMixin, DQN):
         if self.workers > 1:  # a collector of a distributed run: its envs' rungs of the ladder
             c = self.cfg
             return self.env_ladder(c.eps_base, c.eps_base ** (1.0 + c.eps_alpha))
-        return DQN.epsilon.fget(self)
+        return linear_epsilon(self.cfg, self.env_steps, self.total_steps)  # (noisy is refused for R2D2)
 
     def act_recurrent(self, obs, state, starts, deterministic: bool = True):
         return self.actor.act(obs, state, starts)

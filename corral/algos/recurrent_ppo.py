@@ -92,10 +92,13 @@ def sequence_layout(T: int, N: int, L: int, device=None) -> tuple[torch.Tensor, 
     return rows.reshape(L, K * N).to(device), valid.reshape(L, K * N).to(device)
 
 
-class RecurrentPPO(RecurrentColumns, PPO):
-    name = "ppo_lstm"
-    grad_sharding = None  # PPO's minibatch sharding does not cover this update
-    Config = RecurrentPPOConfig
+class RecurrentActorCriticParts(RecurrentColumns):
+    """What the recurrent actor-critic algorithms share whatever their update (``ppo_lstm`` on
+    PPO's loop, ``impala_lstm`` on IMPALA's): the actor, acting with the carried state, the
+    states stored with the rollout, values read with the state, and its checkpointed state."""
+
+    grad_sharding = None  # PPO's minibatch sharding does not cover a sequence update
+    user_actor = False  # builds its own actor (make_actor)
 
     def __init__(self, cfg: RecurrentPPOConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         L = cfg.seq_len or cfg.n_steps
@@ -163,6 +166,25 @@ class RecurrentPPO(RecurrentColumns, PPO):
                 out[where] = self.actor.step_outputs(data.final_obs[:, c][where], after, None)[1]
         return out
 
+    # --- state
+    def extra_state(self):
+        state = {**super().extra_state(), **self.columns_state()}
+        if self.storage is not None and self.storage.step:
+            state["seq"] = (self.seq_states[: self.storage.step].clone(), self.seq_starts[: self.storage.step].clone())
+        return state
+
+    def load_extra_state(self, state):
+        super().load_extra_state(state)
+        self.load_columns_state(state)
+        if self.storage is not None and "seq" in state:
+            n = state["seq"][0].shape[0]
+            self.seq_states[:n], self.seq_starts[:n] = state["seq"]
+
+
+class RecurrentPPO(RecurrentActorCriticParts, PPO):
+    name = "ppo_lstm"
+    Config = RecurrentPPOConfig
+
     # --- the update: PPO's loop over sequences
     def prepare_batch(self) -> RecurrentPPOBatch:
         data = self.storage.data
@@ -225,20 +247,6 @@ class RecurrentPPO(RecurrentColumns, PPO):
                                                          self.seq_starts.flatten()[rows])
         return out
 
-    # --- state
-    def extra_state(self):
-        state = {**super().extra_state(), **self.columns_state()}
-        if self.storage is not None and self.storage.step:
-            state["seq"] = (self.seq_states[: self.storage.step].clone(), self.seq_starts[: self.storage.step].clone())
-        return state
-
-    def load_extra_state(self, state):
-        super().load_extra_state(state)
-        self.load_columns_state(state)
-        if self.storage is not None and "seq" in state:
-            n = state["seq"][0].shape[0]
-            self.seq_states[:n], self.seq_starts[:n] = state["seq"]
-
 
 @dataclass
 class RecurrentIMPALAConfig(IMPALAConfig, RecurrentPPOConfig):
@@ -246,7 +254,7 @@ class RecurrentIMPALAConfig(IMPALAConfig, RecurrentPPOConfig):
     ``n_steps``: each fragment is re-run in sequences from the states its collector stored."""
 
 
-class RecurrentIMPALA(RecurrentPPO, IMPALA):
+class RecurrentIMPALA(RecurrentActorCriticParts, IMPALA):
     """IMPALA (``impala_lstm``) on the recurrent actor-critic: V-trace over whole env columns
     as IMPALA's, the policy's outputs from the core re-run over each ``seq_len`` segment of
     each column from the state stored at its first step (the collector's, so the learner
@@ -254,11 +262,6 @@ class RecurrentIMPALA(RecurrentPPO, IMPALA):
 
     name = "impala_lstm"
     Config = RecurrentIMPALAConfig
-    STATS, KL = IMPALA.STATS, IMPALA.KL
-    prepare_batch = IMPALA.prepare_batch
-    minibatch_plan = IMPALA.minibatch_plan
-    minibatch_step = IMPALA.minibatch_step
-    explained_variance = IMPALA.explained_variance
 
     def __init__(self, cfg, obs_space, act_space, num_envs, device, rng, role="learner"):
         if cfg.n_steps % (cfg.seq_len or cfg.n_steps):

@@ -31,7 +31,26 @@ class TD3Config(OffPolicyConfig):
     learning_starts: int = option(10_000, "env steps collected before the first update", ge=0)
 
 
-class TD3(ActorCriticOffPolicy):
+class DelayedActor:
+    """TD3's delayed policy updates, a part of the replay family (TD3, DDPG, MADDPG / MATD3):
+    the actor and the target networks (``actor_target``, ``critics_target``) step every
+    ``cfg.policy_delay`` critic steps; the critic-only steps report the last actor loss."""
+
+    _last_actor_loss = None
+
+    def _actor_step(self) -> bool:
+        return (self.grad_steps + 1) % self.cfg.policy_delay == 0
+
+    def after_step(self, stats):
+        if "actor_loss" in stats:
+            self.polyak(self.critics_target, self.critics, self.cfg.tau, self._pairs)
+            self.polyak(self.actor_target, self.actor, self.cfg.tau, self._pairs)
+            self._last_actor_loss = stats["actor_loss"]
+        elif self._last_actor_loss is not None:
+            stats["actor_loss"] = self._last_actor_loss
+
+
+class TD3(DelayedActor, ActorCriticOffPolicy):
     name = "td3"
     Config = TD3Config
     networks = ("actor", "critics", "actor_target", "critics_target")
@@ -46,7 +65,6 @@ class TD3(ActorCriticOffPolicy):
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
         self.actor_opt = self._optimizer(self.actor.parameters(), cfg.actor_lr or cfg.lr)
         self.critic_opt = self._optimizer(self.critics.parameters(), cfg.lr)
-        self._last_actor_loss = None  # reported on the critic-only steps of a delayed actor
 
     def make_actor(self) -> torch.nn.Module:
         cfg = self.cfg
@@ -62,9 +80,6 @@ class TD3(ActorCriticOffPolicy):
             unit = (unit + self.cfg.exploration_noise * noise).clamp(-1.0, 1.0)
         env_action = box.to_env(unit)
         return env_action, Action(env_action)
-
-    def _actor_step(self) -> bool:
-        return (self.grad_steps + 1) % self.cfg.policy_delay == 0
 
     def draw_noise(self, batch_size):
         if self.cfg.target_noise <= 0:
@@ -103,14 +118,5 @@ class TD3(ActorCriticOffPolicy):
                 self.critics.requires_grad_(True)
             stats["actor_loss"] = actor_loss.detach()
         return stats, (td.detach().abs().max(0).values if cfg.prioritized else None)
-
-    def after_step(self, stats):
-        if "actor_loss" in stats:
-            self.polyak(self.critics_target, self.critics, self.cfg.tau, self._pairs)
-            self.polyak(self.actor_target, self.actor, self.cfg.tau, self._pairs)
-            self._last_actor_loss = stats["actor_loss"]
-        elif self._last_actor_loss is not None:
-            stats["actor_loss"] = self._last_actor_loss
-
 
 DDPG_OVERRIDES = {"n_critics": 1, "policy_delay": 1, "target_noise": 0.0}

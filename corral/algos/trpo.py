@@ -120,6 +120,7 @@ def kl_divergence(head: torch.nn.Module, old: torch.Tensor, new: torch.Tensor) -
 class TRPO(PPO):
     name = "trpo"
     grad_sharding = None  # PPO's minibatch sharding does not cover this update
+    user_actor = False  # builds its own actor (make_actor)
     Config = TRPOConfig
     STATS = ("pg_loss", "v_loss", "entropy", "kl", "line_search_success")
 

@@ -74,12 +74,7 @@ def probe(run: Run, seconds_: float = 20.0) -> Speed:
         t_eval = clock()
         learner.evaluate()
         eval_s = clock() - t_eval
-        replay = getattr(learner.algo, "replay", None)
-        unfilled = 0
-        if replay is not None and hasattr(replay, "nbytes") and getattr(replay, "capacity", 0):
-            filled = min(1.0, len(replay) / replay.capacity) if hasattr(replay, "__len__") else 0.0
-            nbytes = replay.nbytes() if callable(replay.nbytes) else replay.nbytes
-            unfilled = nbytes * (1.0 - filled)
+        unfilled = learner.algo.unfilled_bytes()
     finally:
         learner.close()
     # An algorithm that only acts before learning_starts yields its first update just past it:

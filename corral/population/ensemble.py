@@ -14,7 +14,6 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-import gymnasium as gym
 import torch
 
 from corral import config as C
@@ -42,21 +41,14 @@ def _name(agent, i: int) -> str:
 def _kind(agent, i: int) -> str:
     """How a member's votes combine: ``q`` (Q-values), ``probs`` (a categorical policy's
     probabilities) or ``action`` (a continuous policy's deterministic action)."""
-    from corral.actors.actor_critic import ActorCritic
-    from corral.nets import CategoricalHead
-
     algo = agent.algo
     if algo.recurrent:
         raise UserError(f"{_name(agent, i)}: {agent.cfg.algo} is recurrent; ensembles take feed-forward agents")
+    kind = algo.ensemble_vote()
+    if kind is not None:
+        return kind
     if algo.value_method:
-        if not callable(getattr(algo.actor, "q", None)):
-            raise UserError(f"{_name(agent, i)}: {agent.cfg.algo}'s network has no q(obs) to average")
-        return "q"
-    actor = algo.actor
-    if isinstance(actor, ActorCritic) and isinstance(actor.head, CategoricalHead):
-        return "probs"
-    if isinstance(algo.act_space, gym.spaces.Box):
-        return "action"
+        raise UserError(f"{_name(agent, i)}: {agent.cfg.algo}'s network has no q(obs) to average")
     raise UserError(f"{_name(agent, i)}: ensembles of {agent.cfg.algo} on {algo.act_space} are not supported "
                     "(they average Q-values, categorical policies or continuous actions)")
 

@@ -339,6 +339,8 @@ def ppo_with_actor(actor: torch.nn.Module) -> type:
     from corral.algos.ppo import PPO
 
     class NodePolicyPPO(PPO):
+        user_actor = False
+
         def make_actor(self):
             return actor
 

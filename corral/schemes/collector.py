@@ -207,9 +207,9 @@ class Collector:
         # the run's env exactly as the learner builds it (backend, Atari wrappers, strict, on_error)
         self.env = make_env(cfg, env_spec, self.device)
         # an acting copy: no replay, no rollout storage, no optimizers
-        self.algo = get_algo(cfg.algo).cls(cfg.algo_cfg, self.env.single_observation_space,
-                                           self.env.single_action_space, self.env.num_envs, self.device, self.rng,
-                                           role="actor")
+        self.algo = get_algo(cfg.algo).class_for(cfg.algo_cfg)(
+            cfg.algo_cfg, self.env.single_observation_space, self.env.single_action_space, self.env.num_envs,
+            self.device, self.rng, role="actor")
         self.algo.total_steps = cfg.steps
         self.algo.set_worker(index, num_workers)
         self.taps = [NormalizerTap(n) for n in normalizers(self.algo.actor)]

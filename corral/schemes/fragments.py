@@ -136,9 +136,7 @@ class FragmentScheme:
         L = self.learner
         old = L.algo
         cfg = dataclasses.replace(old.cfg, **cfg_changes) if cfg_changes else old.cfg
-        # (a multi-agent algorithm's num_envs counts agent columns; it was built with env_columns)
-        envs = getattr(old, "env_columns", old.num_envs)
-        new = (cls or type(old))(cfg, old.obs_space, old.act_space, envs, old.device, L.rng, old.role)
+        new = (cls or type(old))(cfg, old.obs_space, old.act_space, old.env_columns, old.device, L.rng, old.role)
         new.total_steps = old.total_steps
         new.load_state_dict(old.state_dict())
         L.algo = new

@@ -51,8 +51,9 @@ class GradientWorker:
         from corral.algos import get_algo
 
         # networks and optimizers (the flat layout gradients travel in), no storage
-        self.algo = get_algo(cfg.algo).cls(cfg.algo_cfg, obs_space, act_space, 1, torch.device("cpu"),
-                                           RNGStreams(cfg.seed, "cpu", worker=10_000 + index), role="grad_worker")
+        self.algo = get_algo(cfg.algo).class_for(cfg.algo_cfg)(
+            cfg.algo_cfg, obs_space, act_space, 1, torch.device("cpu"), RNGStreams(cfg.seed, "cpu", worker=10_000 + index),
+            role="grad_worker")
         # the PPO family steps one optimizer; a replay algorithm's phases name theirs
         self.opt = self.algo.declared_optimizers()[0]
         self.batch: dict | None = None

@@ -22,7 +22,7 @@ import torch
 from corral import config as C
 from corral.actors.normalizer import normalizers
 from corral.algos import get_algo
-from corral.algos.base import Algorithm, Step
+from corral.algos.base import Step
 from corral.envs.base import episode_done
 from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
@@ -124,7 +124,7 @@ class Learner:
         self.rng = RNGStreams(cfg.seed, self.device)
         if self.env is None:
             self.env = make_env(cfg, self.env_spec, self.device)
-        cls = self.algo_cls or get_algo(cfg.algo).cls
+        cls = self.algo_cls or get_algo(cfg.algo).class_for(cfg.algo_cfg)
         check_agents(cls, self.env, cfg)
         self.algo = cls(cfg.algo_cfg, self.env.single_observation_space, self.env.single_action_space,
                         self.env.num_envs, self.device, self.rng)
@@ -191,9 +191,7 @@ class Learner:
         tally = EpisodeTally(n, self.device) if self.device_resident else None
         no_grad = torch.no_grad()
         # the hooks most algorithms leave as the base class's no-ops: not called, not even the | of them
-        kind = type(algo)
-        rewarded = algo.rewarded if kind.rewarded is not Algorithm.rewarded else None
-        ended = algo.episodes_ended if kind.episodes_ended is not Algorithm.episodes_ended else None
+        rewarded, ended = algo.step_hooks()
         explore, observe, step = algo.explore, algo.observe, env.step
         while self.env_steps < total:
             with no_grad:
