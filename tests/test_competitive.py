@@ -249,3 +249,21 @@ def test_each_side_of_simple_adversary_beats_a_random_team(side, opponents, marg
     ev = corral.evaluate(agent, episodes=50, seed=10_000)
     base = random_team_return("mpe:simple_adversary_v3", tuple(opponents), 50, 10_000)
     assert ev["mean_return"] >= base + margin, (side, ev["mean_return"], base)
+
+
+def test_per_agent_heads_with_one_trained_agent_are_the_team_critic():
+    """One agent left to train (the prey against random predators): its own reward is the team's,
+    so rewards=agent trains exactly what rewards=team does."""
+    pytest.importorskip("mpe2")
+
+    def run(rewards):
+        lr = Learner(build_config("maddpg", "mpe:simple_tag_v3", steps=300, seed=0, sets=[
+            *QUIET, "eval.episodes=0", "maddpg.learning_starts=100", "maddpg.batch_size=32", "maddpg.hidden=[16]",
+            f"maddpg.rewards={rewards}", "env.opponents=[adversary_*]"]), None)
+        lr.train()
+        return lr.algo
+
+    a, b = run("team"), run("agent")
+    assert a.grad_steps == b.grad_steps > 0
+    for x, y in zip(a.synced_tensors(), b.synced_tensors()):
+        assert torch.equal(x, y)

@@ -238,6 +238,11 @@ class MADDPG(DelayedActor, OffPolicy):
         ``[..., A * K]``, absent agents' and padded dims zeroed."""
         return (action * present.unsqueeze(-1) * self.actor.dims).flatten(-2)
 
+    def q(self, critics, x: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """``[n_critics, B]`` (team), or ``[n_critics, B, A]`` (a head per agent, one agent too)."""
+        out = critics(x, action)
+        return out.unsqueeze(-1) if self.per_agent and out.dim() == 2 else out
+
     def stored(self, action: torch.Tensor) -> torch.Tensor:
         """Replayed env actions -> ``[B, A, K]`` one-hot or unit-scale actions."""
         if self.layout.discrete:
@@ -262,7 +267,7 @@ class MADDPG(DelayedActor, OffPolicy):
     def td_target(self, batch, noise: dict) -> torch.Tensor:
         nxt = self.layout.split(batch.next_obs)
         next_action = self.joint(self.target_actions(nxt, noise), nxt.agent_mask)
-        next_q = self.critics_target(self.critic_x(nxt), next_action).min(0).values  # [B] or [B, A]
+        next_q = self.q(self.critics_target, self.critic_x(nxt), next_action).min(0).values  # [B] or [B, A]
         discount = batch.discount.unsqueeze(-1) if self.per_agent else batch.discount
         return batch.reward + discount * next_q
 
@@ -291,7 +296,7 @@ class MADDPG(DelayedActor, OffPolicy):
         replayed = self.stored(batch.action)
         with torch.no_grad():
             target = self.td_target(batch, noise)
-        q = self.critics(x, self.joint(replayed, present))  # [n_critics, B] ([n_critics, B, A] per agent)
+        q = self.q(self.critics, x, self.joint(replayed, present))  # [n_critics, B] ([n_critics, B, A] per agent)
         td = q - target
         if self.per_agent:  # each agent's head learns from the steps it acted in
             td = td * present
@@ -315,7 +320,7 @@ class MADDPG(DelayedActor, OffPolicy):
             xs = x.unsqueeze(1).expand(B, A, x.shape[-1]).reshape(B * A, -1)
             self.critics.requires_grad_(False)  # only the actor steps; the critic passes gradients through
             try:
-                q_i = self.critics(xs, self.joint(variants, present.unsqueeze(1)).reshape(B * A, -1))[0]
+                q_i = self.q(self.critics, xs, self.joint(variants, present.unsqueeze(1)).reshape(B * A, -1))[0]
                 # variant i scored by the team critic, or by agent i's own head
                 q_i = q_i.view(B, A, A).diagonal(dim1=1, dim2=2) if self.per_agent else q_i.view(B, A)
                 weight = present.float() / present.sum(1, keepdim=True).clamp(min=1)
