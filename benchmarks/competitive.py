@@ -21,7 +21,7 @@ import numpy as np
 import yaml
 
 import corral
-from corral.envs.opponents import random_team_return
+from corral.envs.multiagent import random_team_return
 
 # (game, trained side) -> (env id, the other side's agents: the fixed random opponent)
 CELLS = {

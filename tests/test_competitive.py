@@ -242,7 +242,7 @@ def test_each_side_of_simple_adversary_beats_a_random_team(side, opponents, marg
     (measured: good agents +9.4, adversary +13.4 at this budget)."""
     pytest.importorskip("mpe2")
     import corral
-    from corral.envs.opponents import random_team_return
+    from corral.envs.multiagent import random_team_return
 
     agent = corral.train("ippo", "mpe:simple_adversary_v3", steps=30_000, seed=0, save_run=False,
                          **{"env.opponents": opponents})

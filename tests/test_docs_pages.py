@@ -53,8 +53,23 @@ def test_page_titles_name_only_registry_names():
     unknown = {page.name: sorted(title_names(page) - set(ALGOS)) for page in PAGES}
     unknown = {k: v for k, v in unknown.items() if v}
     assert not unknown, f"page titles naming something that is not in corral.algos.ALGOS: {unknown}"
-    untitled = [page.name for page in PAGES if not title_names(page)]
+    untitled = [page.name for page in PAGES if not title_names(page) and page.name not in OPTION_PAGES]
     assert not untitled, f"pages whose title names no registry name in backticks: {untitled}"
+
+
+# pages of an option every replay algorithm takes, not of an algorithm: the option they name
+OPTION_PAGES = {"her.md": ("replay", "her")}
+
+
+def test_option_pages_name_an_option_that_exists():
+    from corral.algos.offpolicy import OffPolicyConfig
+    from corral.storage import storage_class
+    from corral.storage.replay import ReplayBuffer
+
+    for page, (key, value) in OPTION_PAGES.items():
+        assert f"`{key}={value}`" in (DOCS / "algos" / page).read_text().splitlines()[0], page
+        assert key in OffPolicyConfig.__dataclass_fields__
+        assert issubclass(storage_class(value, ReplayBuffer, key), ReplayBuffer)
 
 
 def test_every_algorithm_page_is_linked_from_the_algorithms_overview():

@@ -22,7 +22,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from corral.errors import UserError
 
@@ -120,31 +119,3 @@ class RandomOpponents:
 
     def close(self) -> None:
         self.env.close()
-
-
-def random_team_return(env_id: str, opponents: tuple[str, ...], episodes: int, seed: int,
-                       kwargs: dict | None = None) -> float:
-    """The baseline a trained side is measured against: the mean team return over ``episodes``
-    episodes of ``env_id`` when the side's agents act uniformly at random too (each agent over
-    its own actions), against the random ``opponents``."""
-    from corral.envs.multiagent import make_multiagent_vec_env
-
-    venv = make_multiagent_vec_env(env_id, 8, kwargs, opponents=opponents)
-    g = torch.Generator().manual_seed(seed)
-    L = venv.layout
-    returns: list[float] = []
-    try:
-        venv.reset(seed=seed)
-        while len(returns) < episodes:
-            if L.discrete:
-                u = torch.rand((venv.num_envs, L.n_agents), generator=g)
-                action = (u * torch.tensor(L.act_sizes)).long()
-            else:
-                low, high = torch.tensor(L.act_low), torch.tensor(L.act_high)
-                action = low + (high - low) * torch.rand((venv.num_envs, L.n_agents, L.n_actions), generator=g)
-            _, _, _, _, info = venv.step(action)
-            done = info["episode_done"]
-            returns += info["episode_return"][done].tolist()
-    finally:
-        venv.close()
-    return float(np.mean(returns[:episodes]))

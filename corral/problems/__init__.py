@@ -15,8 +15,8 @@ mis / vc (:mod:`corral.problems.mis`).
 
 from corral.problems.base import InfeasibleSolution, Problem, Result
 from corral.problems.graphs import Graph, barabasi_albert, erdos_renyi, from_edges, read_gset, write_gset
-from corral.problems.maxcut import FEATURES, MaxCutEnv, MaxCutProblem, brute_force_maxcut, cut_value
-from corral.problems.maxcut_solver import NodePolicy, local_search, solve_maxcut
+from corral.problems.maxcut import FEATURES, MaxCutEnv, brute_force_maxcut, cut_value
+from corral.problems.maxcut_solver import MaxCutProblem, NodePolicy, local_search, solve_maxcut
 from corral.problems.registry import load_problem, solve
 from corral.problems.search import mcpg
 

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from corral.envs.base import EnvError
-from corral.problems.base import Problem
 from corral.problems.graphs import Graph
 
 FEATURES = ("gain", "recently_flipped", "below_episode_best", "degree")
@@ -308,39 +307,3 @@ class MaxCutEnv:
     def __repr__(self) -> str:
         return (f"MaxCutEnv({self.graph.name}: n={self.n}, m={self.graph.m}, "
                 f"num_envs={self.num_envs}, device={self.device})")
-
-
-class MaxCutProblem(Problem):
-    """MaxCut under the shared problem interface (:mod:`corral.problems.base`): a row ``x`` is
-    the 0/1 side of every node, every row is feasible, ``score`` is the cut, and ``improve`` is
-    the steepest ascent of the solver (``maxcut_solver.local_search``) on a :class:`MaxCutEnv`."""
-
-    kind = "maxcut"
-    sense = "max"
-
-    def __init__(self, graph: Graph, device: str | torch.device = "cpu"):
-        self.device = torch.device(device)
-        self.graph = graph.to(self.device)
-        self.n, self.name = graph.n, graph.name
-        self.optimum = None
-        self.scale = max(float(graph.w.abs().mean()), 1e-6) if graph.m else 1.0
-        self._envs: dict[int, MaxCutEnv] = {}
-
-    def describe(self) -> dict[str, Any]:
-        return {"nodes": self.n, "edges": self.graph.m}
-
-    def score(self, x: torch.Tensor) -> torch.Tensor:
-        return cut_value(self.graph, x)
-
-    def improve(self, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
-        from corral.problems.maxcut_solver import local_search
-
-        env = self._envs.get(x.shape[0])
-        if env is None:
-            env = self._envs[x.shape[0]] = MaxCutEnv(self.graph, x.shape[0], device=self.device, seed=0)
-        env.set_assignment(x)
-        local_search(env)
-        return env.s > 0
-
-    def check(self, solution) -> float:
-        return float(cut_value(self.graph.to("cpu"), self._as_solution(solution)))

@@ -48,7 +48,7 @@ def load_problem(kind: str, instance: str, device: str | torch.device = "cpu") -
     check_problem(kind)
     if kind == "maxcut":
         from corral.problems.graphs import erdos_renyi, read_gset
-        from corral.problems.maxcut import MaxCutProblem
+        from corral.problems.maxcut_solver import MaxCutProblem
 
         if instance.startswith("er:"):
             parts = instance.split(":")[1:]
