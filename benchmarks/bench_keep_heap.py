@@ -27,11 +27,14 @@ algo = sys.argv[1]
 trim_small = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20
 env = "CartPole-v1" if algo in ("qrdqn","dqn") else "Pendulum-v1"
 cfg = build_config(algo, env, steps=20000, seed=0, sets=["keep_heap=false","progress=false","eval.episodes=0","tensorboard=false","threads=1"])
-L = Learner(cfg, None); A = L.algo; obs = L.obs
+L = Learner(cfg, None)
+A, obs = L.algo, L.obs
 with torch.no_grad():
     for _ in range(2000):
-        a, ex = A.explore(obs); nxt, r, te, tr, info = L.env.step(a)
-        A.observe(Step(obs, ex, r, te, tr, info["final_obs"], nxt)); obs = nxt
+        a, ex = A.explore(obs)
+        nxt, r, te, tr, info = L.env.step(a)
+        A.observe(Step(obs, ex, r, te, tr, info["final_obs"], nxt))
+        obs = nxt
 G = 20 if algo not in ("qrdqn", "dqn") else 128
 A.cfg.gradient_steps = G
 A.update(0.5)
@@ -39,7 +42,7 @@ res = {"small": [], "big": []}
 for i in range(int(sys.argv[3]) if len(sys.argv) > 3 else 12):
     for name in (("small", "big") if i % 2 == 0 else ("big", "small")):
         libc.mallopt(-1, trim_small if name == "small" else 256 << 20)
-        r0=resource.getrusage(resource.RUSAGE_SELF); t=time.process_time(); w=time.perf_counter()
+        r0, t, w = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
         A.update(0.5)
         r1=resource.getrusage(resource.RUSAGE_SELF)
         res[name].append(((time.process_time()-t)/G*1e3, (time.perf_counter()-w)/G*1e3, (r1.ru_minflt-r0.ru_minflt)/G))

@@ -203,13 +203,12 @@ def bare_step(algo):
 
 
 def per_step(args):
+    import sb3_contrib
     import stable_baselines3 as sb3
 
-    from corral.train.learner import Learner
     from corral.algos.base import Step
+    from corral.train.learner import Learner
     from corral.train.setup import build_config
-
-    import sb3_contrib
 
     grad_steps = {"dqn": 128, "qrdqn": 128, "sac": 100, "tqc": 50, "crossq": 50, "redq": 20, "droq": 20}
     classes = {"dqn": sb3.DQN, "qrdqn": sb3_contrib.QRDQN, "sac": sb3.SAC, "tqc": sb3_contrib.TQC,

@@ -70,10 +70,10 @@ def throughput(device: str, updates: int = 20) -> dict:
 
 
 def run_sac(seed: int, env_id: str, num_envs: int, steps: int, eval_every: int, sets: list[str]) -> dict:
+    from corral.envs import make_vec_env
     from corral.train.evaluate import run_episodes, summarize
     from corral.train.learner import Learner
     from corral.train.setup import build_config
-    from corral.envs import make_vec_env
 
     cfg = build_config("sac", env_id, steps=steps, seed=seed, num_envs=num_envs,
                        sets=["progress=false", "eval.episodes=0", "tensorboard=false", *sets])

@@ -123,8 +123,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    import corral
     from conftest import ray_scheme_killing
+
+    import corral
     from corral.schemes.ray_scheme import RayScheme
     from corral.train.learner import Learner
     from corral.train.setup import build_config, new_run_dir

@@ -59,8 +59,8 @@ class SuccessCurve:
 
 
 def run(algo: str, env_id: str, steps: int, seed: int, her: bool, every: int, episodes: int, sets: dict) -> dict:
-    from corral.train.setup import build_config
     from corral.train.learner import Learner
+    from corral.train.setup import build_config
 
     # replay named either way: the env's preset may set replay=her (PointReach-v0, BitFlipping*-v0)
     overrides = {"eval.episodes": 0, "tensorboard": False, **sets, "replay": "her" if her else None}

@@ -8,8 +8,16 @@ import torch
 from torch import nn
 
 # the fused paths live in corral/kernels/mlp.py; their names stay importable from here
-from corral.kernels.mlp import (_FUSED_ACTS, _MLPFunction, _parallel_mlp_forward,  # noqa: F401
-                                _ParallelMLPFunction, fast_tanh_, mlp_backward, mlp_forward, plain_activations)
+from corral.kernels.mlp import (  # noqa: F401
+    _FUSED_ACTS,
+    _MLPFunction,
+    _parallel_mlp_forward,
+    _ParallelMLPFunction,
+    fast_tanh_,
+    mlp_backward,
+    mlp_forward,
+    plain_activations,
+)
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 ACTIVATION_FNS = {"tanh": torch.tanh, "relu": torch.relu, "elu": nn.functional.elu, "silu": nn.functional.silu}

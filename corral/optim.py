@@ -20,7 +20,6 @@ from collections.abc import Iterable
 
 import torch
 
-
 # torch._fused_adam_ runs on CPU and CUDA from torch 2.4; older versions take the op-by-op path.
 _FUSED = hasattr(torch, "_fused_adam_") and tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 4)
 
@@ -40,7 +39,6 @@ class FlatAdam:
         if not self.params:
             raise ValueError("FlatAdam got no trainable parameters")
         device, dtype = self.params[0].device, self.params[0].dtype
-        sizes = [p.numel() for p in self.params]
         self.flat = torch.cat([p.detach().reshape(-1) for p in self.params]).to(device, dtype)
         self.grad = torch.zeros_like(self.flat)
         self._bind()

@@ -11,8 +11,8 @@ import torch
 import corral
 from corral.algos.apex import ApexTD3, ladder, nstep_window
 from corral.cli import main
-from corral.schemes.fragments import FragmentScheme
 from corral.schemes.collector import Collector, driver_paths
+from corral.schemes.fragments import FragmentScheme
 from corral.schemes.replay_server import ReplayClient, ReplayServer
 from corral.storage.replay import ReplayBuffer
 from corral.train.learner import Learner

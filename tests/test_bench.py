@@ -3,7 +3,6 @@ exactly, retries, refusal on changed code, Ray placement, the report's numbers."
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

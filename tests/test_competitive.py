@@ -12,6 +12,8 @@ import torch
 
 pytest.importorskip("pettingzoo")
 
+from envs_for_tests import trained_and_resumed  # noqa: E402
+
 from corral.algos.offpolicy import drive  # noqa: E402
 from corral.cli import main  # noqa: E402
 from corral.envs.multiagent import make_multiagent_vec_env  # noqa: E402
@@ -19,7 +21,6 @@ from corral.errors import UserError  # noqa: E402
 from corral.storage.replay import ReplayBuffer  # noqa: E402
 from corral.train.learner import Learner  # noqa: E402
 from corral.train.setup import build_config  # noqa: E402
-from envs_for_tests import trained_and_resumed  # noqa: E402
 
 QUIET = ["progress=false", "tensorboard=false"]
 LEAVING = "tests/ma_envs.py:LeavingEnv"

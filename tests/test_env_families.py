@@ -9,11 +9,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from gymnasium.wrappers import ClipReward
 
 import corral
 from corral.envs import SyncVecEnv, make_vec_env
-from gymnasium.wrappers import ClipReward
-
 from corral.envs.atari import AtariOptions, EpisodicLife, FireReset, RawEpisodeStats, atari_options
 from corral.errors import UserError
 

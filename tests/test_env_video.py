@@ -9,6 +9,7 @@ import torch
 from corral.envs.video import record_video
 from corral.errors import UserError
 
+
 def installed(module):
     try:
         return importlib.util.find_spec(module) is not None
@@ -62,8 +63,9 @@ def test_an_env_that_cannot_render_rgb_arrays_is_named(tmp_path):
 
 @needs_video
 def test_eval_video_goes_to_tensorboard_when_asked(tmp_path):
-    import corral
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import corral
 
     corral.train("ppo", "CartPole-v1", steps=512, seed=0, run_dir=str(tmp_path / "run"),
                  **{"eval.episodes": 2, "eval.video": True, "progress": False, "ppo.n_steps": 64})

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 import torch
-from corral.algos.base import Step
 
+from corral.algos.base import Step
 from corral.algos.offpolicy import OffPolicy
 from corral.rng import RNGStreams
 from corral.schemes.grad import LocalGradPool, ShardedOffPolicy, sharded_class

@@ -5,7 +5,6 @@ and what to do (the CLI: one line, exit code 2, no traceback)."""
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch
 
 import corral
 from corral.cli import main

@@ -5,9 +5,9 @@ import json
 
 import pytest
 import torch
-from corral.algos.base import Step
 
 import corral
+from corral.algos.base import Step
 from corral.algos.impala import IMPALA
 from corral.cli import main
 from corral.schemes.fragments import FragmentScheme

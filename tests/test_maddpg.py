@@ -15,13 +15,14 @@ from torch import nn
 
 pytest.importorskip("pettingzoo")
 
+from envs_for_tests import trained_and_resumed  # noqa: E402
+
 from corral.algos.maddpg import gumbel_softmax  # noqa: E402
 from corral.algos.offpolicy import drive  # noqa: E402
 from corral.cli import main  # noqa: E402
 from corral.storage.replay import ReplayBatch  # noqa: E402
 from corral.train.learner import Learner  # noqa: E402
 from corral.train.setup import build_config  # noqa: E402
-from envs_for_tests import trained_and_resumed  # noqa: E402
 
 LEAVING = "tests/ma_envs.py:LeavingEnv"
 TARGETS = "tests/ma_envs.py:TargetsEnv"

@@ -11,6 +11,8 @@ import torch
 
 pytest.importorskip("pettingzoo")
 
+from envs_for_tests import trained_and_resumed  # noqa: E402
+
 from corral.actors.multiagent import ValueNorm  # noqa: E402
 from corral.algos.base import Step  # noqa: E402
 from corral.cli import main  # noqa: E402
@@ -18,7 +20,6 @@ from corral.errors import UserError  # noqa: E402
 from corral.returns import gae  # noqa: E402
 from corral.train.learner import Learner  # noqa: E402
 from corral.train.setup import build_config  # noqa: E402
-from envs_for_tests import trained_and_resumed  # noqa: E402
 
 LEAVING = "tests/ma_envs.py:LeavingEnv"
 QUIET = ["eval.episodes=0", "progress=false", "tensorboard=false"]
@@ -172,8 +173,9 @@ def test_single_and_multi_agent_mismatches_are_user_errors():
 
 
 def test_agent_acts_on_a_dict_of_agent_observations():
-    from corral.agent import Agent
     from ma_envs import LeavingEnv
+
+    from corral.agent import Agent
 
     lr = learner()
     agent = Agent(lr.algo, lr.cfg)

@@ -15,7 +15,6 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-import torch
 
 from corral.schemes.collector import Collector, collector_state
 from corral.train.setup import build_config

@@ -9,11 +9,11 @@ import torch
 
 pytest.importorskip("pettingzoo")
 
+from ma_envs import LeavingEnv  # noqa: E402
+
 from corral.envs import make_vec_env  # noqa: E402
 from corral.envs.multiagent import AgentStep, agent_layout  # noqa: E402
 from corral.errors import UserError  # noqa: E402
-
-from ma_envs import LeavingEnv  # noqa: E402
 
 
 def test_mpe_matches_pettingzoo_stepping_the_same_seeds():

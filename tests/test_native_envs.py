@@ -225,7 +225,7 @@ def test_episode_return_and_length_add_up_the_episode(env_id, sparse_reset):
     for _ in range(450):
         actions = random_actions(env, rng, n)
         # (the masked CartPole steers from the true state: its observation has no velocities)
-        steer = steering_actions(env_id, native.get_state().numpy() if "NoVel" in env_id else obs.numpy())
+        steer = steering_actions(env_id, env.get_state().numpy() if "NoVel" in env_id else obs.numpy())
         if steer is not None:
             actions[::2] = steer[::2]  # MountainCarContinuous reaches its goal (and its bonus) this way
         obs, reward, terminated, truncated, info = env.step(torch.as_tensor(actions))

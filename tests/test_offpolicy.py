@@ -11,10 +11,10 @@ from dataclasses import fields, replace
 import gymnasium as gym
 import pytest
 import torch
-from corral.algos.base import Step
 
 import corral
 from corral.algos import get_algo
+from corral.algos.base import Step
 from corral.cli import main
 from corral.rng import RNGStreams
 from corral.train.learner import Learner

@@ -4,12 +4,11 @@ and SAC learning a task it can only solve by reading the pixels."""
 
 import pytest
 import torch
-from corral.algos.base import Step
 
 import corral
+from corral.algos.base import Step
 from corral.train.learner import Learner
 from corral.train.setup import build_config
-
 
 ENV = "envs_for_tests:PixelTarget"
 QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}

@@ -5,7 +5,6 @@ import torch
 from torch import nn
 
 import corral.optim
-
 from corral.nets import MLP, ParallelMLP
 from corral.optim import FlatAdam, FlatRMSprop
 

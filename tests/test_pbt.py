@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from corral.population.pbt import explore, exploit, toy
+from corral.population.pbt import exploit, explore, toy
 from corral.population.space import Dim, parse_space
 
 

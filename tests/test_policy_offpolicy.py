@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from test_offpolicy import fill, make, phase_grads
 
 import corral
 from corral.actors.normed import BatchRenorm
@@ -18,7 +19,6 @@ from corral.errors import UserError
 from corral.rng import RNGStreams
 from corral.train.learner import Learner
 from corral.train.setup import build_config
-from test_offpolicy import fill, make, phase_grads
 
 NEW = ("redq", "droq", "tqc", "crossq")
 TINY = {"redq": ["n_critics=4", "subset=2", "gradient_steps=2", "policy_delay=2"],

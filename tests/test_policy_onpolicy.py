@@ -12,7 +12,6 @@ import torch
 
 import corral
 from corral.algos import get_algo
-from corral.algos.a2c import A2C
 from corral.algos.base import Step
 from corral.cli import main
 from corral.errors import UserError

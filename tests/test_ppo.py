@@ -6,10 +6,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from corral.algos.base import Step
 from torch.distributions import Categorical, Normal
 
 from corral.actors.actor_critic import ActionScaler
+from corral.algos.base import Step
 from corral.algos.ppo import PPO, PPOConfig
 from corral.nets import CategoricalHead, DiagGaussianHead
 from corral.rng import RNGStreams

@@ -10,12 +10,13 @@ import torch
 
 pytest.importorskip("pettingzoo")
 
+from envs_for_tests import trained_and_resumed  # noqa: E402
+
 from corral.algos.qmix import QMixer  # noqa: E402
 from corral.cli import main  # noqa: E402
 from corral.storage.replay import ReplayBatch  # noqa: E402
 from corral.train.learner import Learner  # noqa: E402
 from corral.train.setup import build_config  # noqa: E402
-from envs_for_tests import trained_and_resumed  # noqa: E402
 
 GAME = "corral.envs.matrix_games:TwoStepGame"
 QUIET = ["progress=false", "tensorboard=false"]

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
+from conftest import ray_scheme_killing
 
 import corral
-from conftest import ray_scheme_killing
 from corral.algos.r2d2 import R2D2
 from corral.cli import main
 from corral.returns import value_rescale, value_unrescale

@@ -13,16 +13,16 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import ray_scheme_killing
 
 import corral
-from conftest import ray_scheme_killing
 from corral.actors.normalizer import RunningNormalizer
 from corral.algos.base import Step
 from corral.algos.ppo import PPO
 from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
-from corral.schemes.fragments import FragmentScheme
 from corral.schemes.collector import Collector, driver_paths
+from corral.schemes.fragments import FragmentScheme
 from corral.schemes.grad import LocalGradPool, ShardedPPO
 from corral.train.checkpoint import load_checkpoint
 from corral.train.learner import Learner

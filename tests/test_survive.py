@@ -10,9 +10,9 @@ import json
 
 import pytest
 import torch
+from conftest import ray_scheme_killing
 
 import corral
-from conftest import ray_scheme_killing
 from corral.errors import TrainingError, UserError
 from corral.schemes.fragments import FragmentScheme
 from corral.train.checkpoint import load_checkpoint

@@ -11,8 +11,16 @@ from torch import nn
 
 from corral.actors.normalizer import RunningNormalizer
 from corral.envs.spaces import layout_of, legacy_columns
-from corral.nets import (CategoricalHead, DiagGaussianHead, MultiCategoricalHead, NatureCNN, OneHotEncoder,
-                         ParallelMLP, is_discrete_space, is_image_space)
+from corral.nets import (
+    CategoricalHead,
+    DiagGaussianHead,
+    MultiCategoricalHead,
+    NatureCNN,
+    OneHotEncoder,
+    ParallelMLP,
+    is_discrete_space,
+    is_image_space,
+)
 
 
 class ActionScaler(nn.Module):

@@ -8,24 +8,24 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from corral.algos.a2c import A2C, A2CConfig
-from corral.algos.ars import ARS
 from corral.algos.apex import ApexDQN, ApexRainbow, ApexTD3
+from corral.algos.ars import ARS
 from corral.algos.base import Algorithm
-from corral.algos.distributional import C51, IQN, QRDQN, RAINBOW_OVERRIDES
 from corral.algos.crossq import CrossQ
+from corral.algos.distributional import C51, IQN, QRDQN, RAINBOW_OVERRIDES
 from corral.algos.dqn import DQN, DQNConfig
-from corral.algos.mdqn import MunchausenDQN
-from corral.algos.mappo import MAPPO
-from corral.algos.maddpg import MADDPG, MATD3_OVERRIDES
-from corral.algos.qmix import QMIX, qmix_variant
-from corral.algos.ngu import NGU, Agent57
 from corral.algos.impala import IMPALA
+from corral.algos.maddpg import MADDPG, MATD3_OVERRIDES
+from corral.algos.mappo import MAPPO
+from corral.algos.mdqn import MunchausenDQN
+from corral.algos.ngu import NGU, Agent57
 from corral.algos.ppo import PPO, PPOConfig
 from corral.algos.ppo_rnd import PPORND
-from corral.algos.redq import DROQ_OVERRIDES, REDQ
-from corral.algos.reinforce import REINFORCE, REINFORCEConfig
+from corral.algos.qmix import QMIX, qmix_variant
 from corral.algos.r2d2 import DRQN_OVERRIDES, R2D2
 from corral.algos.recurrent_ppo import RecurrentIMPALA, RecurrentPPO
+from corral.algos.redq import DROQ_OVERRIDES, REDQ
+from corral.algos.reinforce import REINFORCE, REINFORCEConfig
 from corral.algos.sac import SAC, SACConfig
 from corral.algos.sac_discrete import SACDiscrete, SACDiscreteConfig
 from corral.algos.td3 import DDPG_OVERRIDES, TD3, TD3Config

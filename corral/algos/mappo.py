@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from corral.actors.multiagent import MultiAgentActorCritic
-from corral.algos.ppo import PPO, PPOBatch, PPOConfig, PPOExtras, normalized, ppo_loss
 from corral.algos.base import Step
+from corral.algos.ppo import PPO, PPOBatch, PPOConfig, PPOExtras, normalized, ppo_loss
 from corral.config import option
 from corral.envs.multiagent import require_layout
 from corral.errors import UserError

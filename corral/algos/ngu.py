@@ -44,7 +44,7 @@ from corral.exploration.bandit import SlidingWindowUCB
 from corral.exploration.episodic import EpisodicMemory, InverseDynamics
 from corral.exploration.mixtures import column_mixtures, mixture_betas, mixture_gammas
 from corral.exploration.rnd import RND
-from corral.returns import value_rescale, value_unrescale
+from corral.returns import value_unrescale
 
 PREV_ACTION, PREV_EXT, INTRINSIC, MIXTURE = range(4)  # the aux floats stored per step
 

@@ -17,11 +17,11 @@ import torch.nn.functional as F
 
 from corral.actors.actor_critic import ActorCritic
 from corral.actors.normalizer import RunningNormalizer
-from corral.nets import MLP, CategoricalHead, NatureCNN
 from corral.algos.base import Algorithm, Step
-from corral.optim import FlatAdam
 from corral.config import Activation, Schedule, option
 from corral.errors import TrainingError, UserError
+from corral.nets import MLP, CategoricalHead, NatureCNN
+from corral.optim import FlatAdam
 from corral.returns import gae, rollout_next_values
 from corral.storage import storage_class
 from corral.storage.rollout import RolloutStorage

@@ -205,9 +205,9 @@ def markdown(res: Results, reps: int = 2000, figures: dict | None = None, headin
         lines.append("† resumed on other code than it started on (`--allow-code-change`).")
     agg = aggregates(res, reps)
     if agg:
-        lines += ["", f"Aggregates over each algorithm's envs, scores normalized as (return - random) / "
-                      f"(reference - random) with the suite's per-env figures (IQM, median, mean, optimality gap "
-                      f"with 95% stratified-bootstrap intervals, rliable's definitions):", "",
+        lines += ["", "Aggregates over each algorithm's envs, scores normalized as (return - random) / "
+                      "(reference - random) with the suite's per-env figures (IQM, median, mean, optimality gap "
+                      "with 95% stratified-bootstrap intervals, rliable's definitions):", "",
                   "| algo | envs | IQM | median | mean | optimality gap |", "| --- | --- | --- | --- | --- | --- |"]
         for algo, (envs, est) in agg.items():
             cells = [f"{est[m][0]:.2f} [{est[m][1]:.2f}, {est[m][2]:.2f}]" for m in

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from corral.envs.base import EnvError
-from corral.envs.make import check_env, env_name
 from corral.envs.host import HostVecEnv, tree_to_torch
+from corral.envs.make import check_env, env_name
 from corral.envs.spaces import declare_frame_stack
 from corral.errors import UserError
 

@@ -17,8 +17,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from corral.envs.spaces import flatten_parts
 from corral.envs.base import EnvError
+from corral.envs.spaces import flatten_parts
 
 # Env modules whose whole state is plain attributes (arrays, numbers, RNGs), so a
 # checkpoint can hold it and a resumed run continues the same episodes.

@@ -67,14 +67,25 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from corral.envs.agent_layout import (AgentLayout, AgentStep, AgentView, agent_layout,  # noqa: F401 (re-exported)
-                                      is_multiagent_space, require_layout)
+from corral.envs.agent_layout import (  # noqa: F401 (re-exported)
+    AgentLayout,
+    AgentStep,
+    AgentView,
+    agent_layout,
+    is_multiagent_space,
+    require_layout,
+)
 from corral.envs.base import EnvError
 from corral.envs.host import tree_to_numpy, tree_to_torch
-from corral.envs.parallel import (EXTRA_HINT, ParallelFactory, _check_spaces, _obs_part,  # noqa: F401
-                                  is_multiagent_spec, is_pettingzoo_env)
+from corral.envs.parallel import (  # noqa: F401
+    EXTRA_HINT,
+    ParallelFactory,
+    _check_spaces,
+    _obs_part,
+    is_multiagent_spec,
+    is_pettingzoo_env,
+)
 from corral.errors import UserError
-
 
 
 class MultiAgentVecEnv:

@@ -28,11 +28,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from corral.envs.spaces import flatten_parts
 from corral.envs.base import EnvError
 from corral.envs.group import EnvGroup
-from corral.envs.make import EnvFactory, check_env
 from corral.envs.host import HostVecEnv, tree_to_numpy, tree_to_torch
+from corral.envs.make import EnvFactory, check_env
+from corral.envs.spaces import flatten_parts
 
 _CTYPES = {"float32": "f", "float64": "d", "uint8": "B", "int8": "b", "int16": "h", "uint16": "H",
            "int32": "i", "uint32": "I", "int64": "q", "uint64": "Q", "bool": "B"}

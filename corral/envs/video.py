@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from corral.envs.group import EPISODE_KEY, layers, reports_episodes
-from corral.envs.spaces import flatten_parts
 from corral.envs.make import check_env, env_name, make_factory
+from corral.envs.spaces import flatten_parts
 from corral.errors import UserError
 
 

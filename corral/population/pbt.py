@@ -108,8 +108,7 @@ def pbt(algo: str, env: Any = "CartPole-v1", *, mutations: dict | list, initial:
     from ray import tune
     from ray.tune.schedulers import PopulationBasedTraining
 
-    from corral.population.tune import (check_space, fit_trials, ray_session, trainable_params, trial_dirname,
-                                        trial_rows)
+    from corral.population.tune import check_space, fit_trials, ray_session, trainable_params, trial_dirname, trial_rows
 
     space = parse_space(mutations)
     if not space:

@@ -36,7 +36,6 @@ from corral.errors import UserError
 from corral.problems.base import InfeasibleSolution, Problem, Result, Tracker
 from corral.problems.graphs import Graph
 
-
 # ------------------------------------------------------------------------------------ instances
 
 

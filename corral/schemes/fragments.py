@@ -27,8 +27,16 @@ from typing import Any
 import torch
 
 from corral.errors import TrainingError, UserError
-from corral.schemes.collector import (Collector, FragmentData, FragmentMeta, collector_state, driver_paths,
-                                      merge_deltas, portable_env_spec, state_nbytes)
+from corral.schemes.collector import (
+    Collector,
+    FragmentData,
+    FragmentMeta,
+    collector_state,
+    driver_paths,
+    merge_deltas,
+    portable_env_spec,
+    state_nbytes,
+)
 
 
 class CollectorFailed(Exception):

@@ -22,16 +22,16 @@ import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError, RayTaskError
 
 from corral.errors import UserError
+from corral.schemes.collector import Collector, driver_paths, portable_env_spec
+from corral.schemes.fragments import CollectorFailed, FragmentScheme
+from corral.schemes.grad import GradientWorker
+from corral.schemes.replay_server import SERVERS, ReplayClient
 
 # Ray settings for the local clusters corral starts (not for a cluster it joins). Ray's GCS keeps
 # the events of the last 100k tasks for its dashboard (about 500 bytes each); a long run's
 # actor calls fill that within its first minutes, and the store only then stops growing.
 # corral reads none of it, so keep it small.
 LOCAL_RAY_CONFIG = {"task_events_max_num_task_in_gcs": 2000}
-from corral.schemes.fragments import CollectorFailed, FragmentScheme
-from corral.schemes.collector import Collector, driver_paths, portable_env_spec
-from corral.schemes.grad import GradientWorker
-from corral.schemes.replay_server import SERVERS, ReplayClient
 
 START_TIMEOUT_S = 300.0
 log = logging.getLogger(__name__)

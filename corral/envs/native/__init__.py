@@ -12,9 +12,9 @@ import difflib
 
 import torch
 
+from corral.envs.deepsea import SIZES as DEEPSEA_SIZES
 from corral.envs.native.classic import Acrobot, CartPole, CartPoleNoVel, MountainCar, MountainCarContinuous, Pendulum
 from corral.envs.native.core import NativeVecEnv
-from corral.envs.deepsea import SIZES as DEEPSEA_SIZES
 from corral.envs.native.deepsea import DeepSea
 from corral.errors import UserError
 

@@ -322,7 +322,7 @@ class Pendulum(NativeVecEnv):
 
     def _advance(self, s, action):
         th, thdot = s
-        g, m, l, dt = self.g, self.m, self.l, self.dt
+        g, m, l, dt = self.g, self.m, self.l, self.dt  # noqa: E741 - gym's names
         u = action[:, 0].clamp(-self.max_torque, self.max_torque)
         angle = torch.remainder(th + math.pi, 2 * math.pi) - math.pi  # gym's angle_normalize
         costs = angle.square() + 0.1 * thdot.square() + 0.001 * u.square()
