@@ -8,7 +8,7 @@ failed (with the error), then the counts and the refusal reasons grouped.
 
 The ``atari`` entry runs on one ALE game (--atari-game), a ``default`` entry on the first
 classic-control env its file has no entry of its own for. Entries whose algorithm corral
-lacks (TRPO, ARS, HER) or whose env is not installed are counted, not run.
+lacks or whose env is not installed are counted, not run.
 
     python benchmarks/zoo_entries.py                 # every entry, 2,000 steps each
     python benchmarks/zoo_entries.py --steps 500 --only ppo/CartPole-v1,dqn/CartPole-v1
