@@ -3,6 +3,7 @@ roles, hooks, the PPO family's one update loop, and the run bookkeeping every lo
 
 Each test of a fix named in the contract issue fails on the code before it (noted per test)."""
 
+import functools
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from corral.algos import ALGOS as REGISTRY
 from corral.algos import get_algo
 from corral.algos.base import Step, index_record, stack_records
 from corral.algos.ppo import normalized
@@ -22,32 +24,62 @@ from corral.train.setup import build_config, new_run_dir
 
 QUIET = {"tensorboard": False, "progress": False, "eval.episodes": 0}
 BOX = gym.spaces.Box(-1, 1, (4,), np.float32)
-ALGOS = {  # name: (obs space, action space, config overrides)
-    "ppo": (BOX, gym.spaces.Discrete(2), {}),
-    "ppo_lstm": (BOX, gym.spaces.Discrete(2), {}),
-    "ppo_rnd": (BOX, gym.spaces.Discrete(2), {}),
-    "impala": (BOX, gym.spaces.Discrete(2), {}),
-    "a2c": (BOX, gym.spaces.Discrete(2), {}),
-    "reinforce": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {}),
-    "dqn": (BOX, gym.spaces.Discrete(2), {"buffer_size": 64}),
-    "apex_dqn": (BOX, gym.spaces.Discrete(2), {"buffer_size": 64}),
-    **{name: (BOX, gym.spaces.Discrete(2), {"buffer_size": 64})
-       for name in ("c51", "qrdqn", "iqn", "rainbow", "mdqn", "apex_rainbow", "sac_discrete")},
-    "sac": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64}),
-    "td3": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64}),
-    "apex_td3": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64}),
-    "redq": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64, "hidden": (16,)}),
-    "droq": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64, "hidden": (16,)}),
-    "tqc": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64, "hidden": (16,)}),
-    "crossq": (BOX, gym.spaces.Box(-1, 1, (2,), np.float32), {"buffer_size": 64, "hidden": (16,),
-                                                              "critic_hidden": (16,)}),
+D2 = gym.spaces.Discrete(2)
+B2 = gym.spaces.Box(-1, 1, (2,), np.float32)
+SMALL_REPLAY = {"buffer_size": 64}
+SMALL_NETS = {"buffer_size": 64, "hidden": (16,)}
+# Multi-agent algorithms read the agent layout packed into the observation space, so theirs come
+# from a small env through the multi-agent vector env (built on first use: PettingZoo is an extra).
+MA_DISCRETE = "corral.envs.matrix_games:TwoStepGame"
+MA_BOX = "ma_envs:TargetsEnv"
+ALGOS = {  # name: (obs space or multi-agent env spec, action space or None, config overrides)
+    "ppo": (BOX, D2, {}),
+    "ppo_lstm": (BOX, D2, {}),
+    "ppo_rnd": (BOX, D2, {}),
+    "impala": (BOX, D2, {}),
+    "impala_lstm": (BOX, D2, {}),
+    "appo": (BOX, D2, {}),
+    "a2c": (BOX, D2, {}),
+    "reinforce": (BOX, B2, {}),
+    "trpo": (BOX, D2, {}),
+    "ars": (BOX, D2, {}),
+    **{name: (BOX, D2, SMALL_REPLAY)
+       for name in ("dqn", "double_dqn", "dueling_dqn", "d3qn", "noisy_dqn", "per_dqn", "per_double_dqn",
+                    "per_d3qn", "apex_dqn", "c51", "qrdqn", "iqn", "rainbow", "mdqn", "apex_rainbow",
+                    "sac_discrete", "drqn", "r2d2", "ngu", "agent57")},
+    **{name: (BOX, B2, SMALL_REPLAY) for name in ("sac", "td3", "ddpg", "apex_td3", "apex_ddpg")},
+    **{name: (BOX, B2, SMALL_NETS) for name in ("redq", "droq", "tqc")},
+    "crossq": (BOX, B2, {**SMALL_NETS, "critic_hidden": (16,)}),
+    "mappo": (MA_DISCRETE, None, {}),
+    "ippo": (MA_DISCRETE, None, {}),
+    "qmix": (MA_DISCRETE, None, SMALL_REPLAY),
+    "vdn": (MA_DISCRETE, None, SMALL_REPLAY),
+    "maddpg": (MA_BOX, None, SMALL_REPLAY),
+    "matd3": (MA_BOX, None, SMALL_REPLAY),
 }
 
 
+@functools.cache
+def multiagent_spaces(spec):
+    pytest.importorskip("pettingzoo")
+    from corral.envs.multiagent import make_multiagent_vec_env
+
+    env = make_multiagent_vec_env(spec, 1)
+    try:
+        return env.single_observation_space, env.single_action_space
+    finally:
+        env.close()
+
+
+def spaces(name):
+    obs_space, act_space, _ = ALGOS[name]
+    return multiagent_spaces(obs_space) if isinstance(obs_space, str) else (obs_space, act_space)
+
+
 def build(name, role="learner", seed=0, **over):
-    obs_space, act_space, base = ALGOS[name]
+    obs_space, act_space = spaces(name)
     spec = get_algo(name)
-    cfg = spec.cls.Config(**{**spec.overrides, **base, **over})
+    cfg = spec.cls.Config(**{**spec.overrides, **ALGOS[name][2], **over})
     return spec.cls(cfg, obs_space, act_space, 2, torch.device("cpu"), RNGStreams(seed), role=role)
 
 
@@ -58,6 +90,11 @@ def learner(algo="ppo", env="CartPole-v1", steps=2048, run_dir=None, **overrides
 
 # ---------------------------------------------------------------------------
 # declarations and roles
+
+
+def test_the_contract_table_covers_every_registry_name():
+    assert sorted(set(REGISTRY) - set(ALGOS)) == []
+    assert sorted(set(ALGOS) - set(REGISTRY)) == []  # no stale names either
 
 
 @pytest.mark.parametrize("name", list(ALGOS))
@@ -85,12 +122,27 @@ def test_an_acting_copy_has_no_storage_and_no_optimizers_and_acts_like_the_learn
     assert actor.declared_optimizers() == []
     assert getattr(actor, "replay", None) is None and getattr(actor, "storage", None) is None
     actor.load_state_dict(full.state_dict())
-    obs = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    obs = torch.randn(6, *spaces(name)[0].shape, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(actor.policy()(obs), full.policy()(obs), rtol=0, atol=0)
     assert set(actor.state_dict()) <= set(full.state_dict())
 
 
-def test_a_gradient_worker_has_optimizers_but_stores_nothing():
+# ARS is derivative-free (random search over the weights): it has no optimizer and no gradient,
+# so a gradient worker, whose job is to compute and apply gradients, does not apply to it.
+NO_GRADIENT = {"ars"}
+
+
+@pytest.mark.parametrize("name", list(ALGOS))
+def test_a_gradient_worker_has_the_learners_optimizers_but_stores_nothing(name):
+    if name in NO_GRADIENT:
+        pytest.skip(f"{name} takes no gradient steps: it has no optimizer to hold")
+    w = build(name, role="grad_worker")
+    assert getattr(w, "storage", None) is None and getattr(w, "replay", None) is None
+    learner_optimizers = build(name).declared_optimizers()
+    assert len(w.declared_optimizers()) == len(learner_optimizers) >= 1
+
+
+def test_a_gradient_worker_skips_the_rollout_size_check():
     w = build("ppo", role="grad_worker", batch_size=4096)  # no rollout: the size check does not apply
     assert w.storage is None and len(w.declared_optimizers()) == 1
     w = build("sac", role="grad_worker")
