@@ -20,6 +20,7 @@ from corral.algos.mappo import MAPPO
 from corral.algos.mdqn import MunchausenDQN
 from corral.algos.ngu import NGU, Agent57
 from corral.algos.ppo import PPO, PPOConfig
+from corral.algos.ppo_icm import PPOICM
 from corral.algos.ppo_rnd import PPORND
 from corral.algos.qmix import QMIX, qmix_variant
 from corral.algos.r2d2 import DRQN_OVERRIDES, R2D2
@@ -61,6 +62,8 @@ ALGOS: dict[str, AlgoSpec] = {
                          "actor-critic, trained on stored sequences"),
     "ppo_rnd": AlgoSpec(PPORND, help="PPO with Random Network Distillation: intrinsic reward from a predictor "
                         "chasing a fixed random network, two value heads, non-episodic intrinsic returns"),
+    "ppo_icm": AlgoSpec(PPOICM, help="PPO with the Intrinsic Curiosity Module: curiosity reward from a forward "
+                        "model's error in an inverse-model feature space, PPO-RND's two value heads"),
     "ars": AlgoSpec(ARS, help="ARS: augmented random search of a linear (or small MLP) policy, antithetic "
                     "perturbations scored on the env columns in parallel, top-b directions, V2 observation "
                     "normalization (discrete and continuous)"),
