@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from corral import config as C
 from corral.errors import UserError
+
+if TYPE_CHECKING:
+    from corral.algos.base import Role
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class AlgoFactory:
         return f"AlgoFactory({self.name!r}{', ' + opts if opts else ''})"
 
     def __call__(self, obs_space, act_space, num_envs: int = 1, device: str | torch.device = "cpu", seed: int = 0,
-                 role: str = "learner"):
+                 role: Role = "learner"):
         """The algorithm for these spaces (its actor, storage and optimizers built)."""
         from corral.rng import RNGStreams
 

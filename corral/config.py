@@ -20,7 +20,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
 
@@ -174,7 +174,7 @@ class TrainConfig:
 
 
 def to_dict(cfg: Any) -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
         if f.name == "algo_cfg":
@@ -194,7 +194,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         tp = eval(tp, {"Any": Any, "dict": dict, "list": list, "tuple": tuple})  # annotations from __future__
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
+        args: tuple[Any, ...] | list[Any] = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
         errors = []
@@ -250,7 +250,7 @@ def _range_text(bounds: dict, also: tuple) -> str:
     if lo and hi:
         text = f"in {'[' if lo[0] == 'ge' else '('}{lo[1]:g}, {hi[1]:g}{']' if hi[0] == 'le' else ')'}"
     else:
-        op, v = lo or hi
+        op, v = cast("tuple[str, float]", lo or hi)  # bounds has one of them
         text = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[op] + f" {v:g}"
     return text + (f" (or {', '.join(map(str, also))})" if also else "")
 
@@ -426,7 +426,7 @@ def _unknown_key_message(key: str, valid: list[str], algo_cfg: Any = None) -> st
         for k in valid:
             if target and (k == target or k.endswith("." + target)):
                 scored[k] = max(scored[k], difflib.SequenceMatcher(None, leaf, alias).ratio())
-    close = [k for k in sorted(scored, key=scored.get, reverse=True) if scored[k] >= 0.6][:3]
+    close = [k for k in sorted(scored, key=scored.__getitem__, reverse=True) if scored[k] >= 0.6][:3]
     hint = f"; nearest valid keys: {', '.join(close)}" if close else "; `corral list --options ALGO` shows every key"
     return f"unknown config key {key!r}{hint}"
 

@@ -36,6 +36,7 @@ ALGOS = {  # name: (obs space or multi-agent env spec, action space or None, con
     "ppo": (BOX, D2, {}),
     "ppo_lstm": (BOX, D2, {}),
     "ppo_rnd": (BOX, D2, {}),
+    "ppo_icm": (BOX, D2, {}),
     "impala": (BOX, D2, {}),
     "impala_lstm": (BOX, D2, {}),
     "appo": (BOX, D2, {}),

@@ -34,7 +34,7 @@ no caller probes an algorithm with ``hasattr``.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, cast
 
 import gymnasium as gym
 import torch
@@ -127,8 +127,9 @@ class RecurrentPolicy(Policy):
         if self.state is None or self.state.shape[0] != n:
             self.state = self.algo.initial_state(n)
             self.starts = torch.ones(n, dtype=torch.bool, device=self.state.device)
-        action, self.state = self.algo.act_recurrent(obs, self.state, self.starts, self.deterministic)
-        self.starts = torch.zeros_like(self.starts)
+        starts = cast(torch.Tensor, self.starts)  # set with the state above
+        action, self.state = self.algo.act_recurrent(obs, self.state, starts, self.deterministic)
+        self.starts = torch.zeros_like(starts)
         return action
 
     def episodes_ended(self, ended: torch.Tensor) -> None:
@@ -159,7 +160,7 @@ class Algorithm:
     # grad_sharding_note says why where the class knows
     grad_sharding: ClassVar[str | None] = None
     grad_sharding_note: ClassVar[str] = ""
-    actor: torch.nn.Module
+    actor: Any  # a torch.nn.Module with act(obs, deterministic, generator); the family's own class
     total_steps: int = 1  # the run's step budget, set by the Learner; drives schedules like epsilon
 
     def __init__(self, cfg: Any, obs_space: gym.Space, act_space: gym.Space, num_envs: int,

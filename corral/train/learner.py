@@ -15,7 +15,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -326,7 +326,7 @@ class Learner:
                 or (cfg.stop_at_return is not None and len(self.recent_returns) == self.recent_returns.maxlen
                     and self.last20_return >= cfg.stop_at_return)
                 or (cfg.eval.stop_at_return is not None and ev.last_step == self.env_steps
-                    and self.last_eval["mean_return"] >= cfg.eval.stop_at_return)):  # the eval just made
+                    and cast(dict, self.last_eval)["mean_return"] >= cfg.eval.stop_at_return)):  # the eval just made
             self._stopped_early = self._finished = True
         return stats
 
@@ -347,7 +347,7 @@ class Learner:
                         raise
         finally:
             self.env.close()
-        summary = {
+        summary: dict[str, Any] = {
             "run_dir": str(self.run_dir) if self.run_dir else None,
             "env_steps": self.env_steps,
             "train_seconds": round(self.train_seconds, 3),
