@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from envs_for_tests import trained_and_resumed
 
 import corral
 from corral.algos.base import Step
@@ -18,7 +19,6 @@ from corral.errors import UserError
 from corral.exploration.icm import ICM
 from corral.rng import RNGStreams
 from corral.train.checkpoint import load_checkpoint
-from envs_for_tests import trained_and_resumed
 
 FLAT = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 SMALL_PIXELS = gym.spaces.Box(0, 255, (4, 36, 36), np.uint8)
