@@ -181,6 +181,31 @@ class IdentityEnv(gym.Env):
         return self.state, reward, False, self.t >= self.ep_length, {}
 
 
+class IdentityBoxEnv(gym.Env):
+    """Stable-Baselines3's continuous identity test env in corral's words: the observation is
+    uniform in [-1, 1], the action space the same Box, reward 1 where the action is within
+    ``eps`` of the observation; 100 steps per episode (truncated)."""
+
+    def __init__(self, eps: float = 0.5, ep_length: int = 100):
+        self.observation_space = self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.eps, self.ep_length = eps, ep_length
+        self.t, self.state = 0, None
+
+    def _draw(self):
+        return self.np_random.uniform(-1.0, 1.0, (1,)).astype(np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.state = 0, self._draw()
+        return self.state, {}
+
+    def step(self, action):
+        reward = float(abs(float(np.asarray(action).reshape(-1)[0]) - float(self.state[0])) <= self.eps)
+        self.t += 1
+        self.state = self._draw()
+        return self.state, reward, False, self.t >= self.ep_length, {}
+
+
 def identity_discrete(n: int = 4):
     return IdentityEnv(gym.spaces.Discrete(n))
 
