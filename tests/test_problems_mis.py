@@ -161,7 +161,8 @@ def test_repair_never_returns_an_infeasible_set_and_keeps_what_it_can():
 def test_local_search_finds_a_one_two_swap_and_never_shrinks_a_set():
     star = IndependentSet(STAR)
     x = rows({0}, n=5)
-    assert star.improve(x).tolist() == [[False, True, True, True, True]]
+    # a swap pass drops each candidate with probability 1/2 (its own generator: the test is seeded)
+    assert star.improve(x, torch.Generator().manual_seed(0)).tolist() == [[False, True, True, True, True]]
     p = IndependentSet(erdos_renyi_mis(80, 0.1, seed=4))
     gen = torch.Generator().manual_seed(2)
     x = p.insert_free(torch.zeros(8, p.n, dtype=torch.bool), gen)
