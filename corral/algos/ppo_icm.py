@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from corral.algos.base import Step
-from corral.algos.ppo import STAT_NAMES, PPOBatch, PPOConfig, normalized, ppo_loss
+from corral.algos.ppo import STAT_NAMES, PPOBatch, PPOConfig, ppo_loss
 from corral.algos.ppo_rnd import PPORND
 from corral.algos.recurrent_ppo import _Outputs
 from corral.config import option
@@ -45,7 +45,6 @@ from corral.errors import UserError
 from corral.exploration.icm import ICM
 from corral.exploration.rnd import IntrinsicReturnNormalizer
 from corral.optim import FlatAdam
-from corral.returns import gae, rollout_next_values
 
 
 @dataclass
@@ -138,25 +137,8 @@ class PPOICM(PPORND):
 
     # --- the update
     def prepare_batch(self) -> ICMBatch:
-        cfg = self.cfg
         data = self.storage.data
-        final_ext, final_int = self.both_final_values(data.truncated, data.final_obs)
-        data.final_values.copy_(final_ext)
-        with torch.no_grad():
-            last_ext, last_int = self.actor.values(self.actor.normalize(self._last_obs))
-            self.int_norm.update(self.int_returns)
-            int_rewards = self.int_norm.normalize(self.novelty)
-            adv_ext, ret_ext = gae(data.rewards, data.values,
-                                   rollout_next_values(data.values, last_ext, data.truncated, final_ext),
-                                   data.terminated, data.truncated, cfg.gamma, cfg.gae_lambda)
-            term_int = data.terminated if cfg.int_episodic else torch.zeros_like(data.terminated)
-            adv_int, ret_int = gae(int_rewards, self.int_values,
-                                   rollout_next_values(self.int_values, last_int, data.truncated, final_int),
-                                   term_int, data.truncated, cfg.int_gamma, cfg.gae_lambda)
-            adv = (cfg.ext_coef * adv_ext + cfg.int_coef * adv_int).flatten()
-        whole = cfg.batch_size >= adv.shape[0]
-        if whole and cfg.normalize_advantage:
-            adv = normalized(adv)
+        adv, ret_ext, ret_int, int_rewards, whole = self.two_stream_advantages()
         icm_obs, icm_next = self.icm_obs.flatten(0, 1), self.icm_next.flatten(0, 1)
         self.icm.update_obs_norm(icm_next)  # each step's s_t+1 once (s_t is the previous step's, or a reset)
         self._batch_stats = {"novelty": self.novelty.mean().item(), "int_reward": int_rewards.mean().item(),

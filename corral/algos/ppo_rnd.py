@@ -210,7 +210,10 @@ class PPORND(PPO):
                 out[0][truncated], out[1][truncated] = v_ext, v_int
         return out
 
-    def prepare_batch(self) -> RNDBatch:
+    def two_stream_advantages(self):
+        """GAE of the extrinsic and the intrinsic stream (the novelty normalized by the running
+        std of intrinsic returns), mixed ``ext_coef * A_ext + int_coef * A_int``; returns
+        ``(adv, ret_ext, ret_int, int_rewards, whole)``. Shared with PPO-ICM."""
         cfg = self.cfg
         data = self.storage.data
         final_ext, final_int = self.both_final_values(data.truncated, data.final_obs)
@@ -230,6 +233,11 @@ class PPORND(PPO):
         whole = cfg.batch_size >= adv.shape[0]
         if whole and cfg.normalize_advantage:
             adv = normalized(adv)
+        return adv, ret_ext, ret_int, int_rewards, whole
+
+    def prepare_batch(self) -> RNDBatch:
+        data = self.storage.data
+        adv, ret_ext, ret_int, int_rewards, whole = self.two_stream_advantages()
         rnd_obs = self.rnd_obs.flatten(0, 1)
         self.rnd.update_obs_norm(rnd_obs)  # before the predictor trains on them (CleanRL's order)
         self._batch_stats = {"novelty": self.novelty.mean().item(), "int_reward": int_rewards.mean().item(),
