@@ -43,6 +43,16 @@ CASES = {
                                                                         "qmix.recurrent": True}),
     "matd3": ("matd3", "tests/ma_envs.py:TargetsEnv", 1500, {"eval.episodes": 0}),
     "ddpg": ("ddpg", "Pendulum-v1", 1500, {"eval.episodes": 0, "ddpg.learning_starts": 500}),
+    # the on-policy family's other members (bonus streams, policy-gradient losses, TRPO's step)
+    "ppo_rnd": ("ppo_rnd", "MountainCar-v0", 4096, {"eval.episodes": 0}),
+    "ppo_icm": ("ppo_icm", "MountainCar-v0", 4096, {"eval.episodes": 0}),
+    "a2c": ("a2c", "CartPole-v1", 4096, {"eval.episodes": 0}),
+    "reinforce": ("reinforce", "CartPole-v1", 4096, {"eval.episodes": 0}),
+    "trpo": ("trpo", "Pendulum-v1", 4096, {"eval.episodes": 0}),
+    # Ape-X in-process (scheme.collectors=1): the exploration ladders in place of the base's options
+    "apex_dqn": ("apex_dqn", "CartPole-v1", 3000, {"eval.episodes": 0, "scheme.collectors": 1}),
+    "apex_td3": ("apex_td3", "Pendulum-v1", 1500, {"eval.episodes": 0, "scheme.collectors": 1,
+                                                   "apex_td3.learning_starts": 500}),
 }
 
 
@@ -59,7 +69,7 @@ def state_hash(agent) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="*", default=list(CASES))
-    p.add_argument("--dump", help="save each case's actor parameters to DIR/<case>.pt")
+    p.add_argument("--dump", help="save each case's network parameters (every declared network) to DIR/<case>.pt")
     p.add_argument("--compare", help="report the largest parameter difference to DIR/<case>.pt")
     args = p.parse_args()
     import corral
@@ -71,7 +81,11 @@ def main() -> None:
         agent = corral.train(algo, env, steps=steps, seed=0, save_run=False, **overrides)
         out[name] = {"hash": state_hash(agent), "episodes": agent.summary.get("episodes"),
                      "last20_return": agent.summary.get("last20_return")}
-        state = {k: v.detach().cpu().clone() for k, v in agent.algo.actor.state_dict().items()}
+        # every declared network (an exploration bonus's predictor too), not only the hashed actor
+        algo_ = agent.algo
+        state = {f"{net}.{k}": v.detach().cpu().clone() for net in algo_.networks
+                 if isinstance(getattr(algo_, net, None), torch.nn.Module)
+                 for k, v in getattr(algo_, net).state_dict().items()}
         if args.dump:
             os.makedirs(args.dump, exist_ok=True)
             torch.save(state, os.path.join(args.dump, f"{name}.pt"))

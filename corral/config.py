@@ -345,7 +345,7 @@ def all_keys(cfg: Any, prefix: str = "") -> list[str]:
 # no single key for it, and ALIAS_NOTES says what to set instead. Keys SB3 and corral
 # share (n_steps, n_epochs, ent_coef, vf_coef, gae_lambda, clip_range, buffer_size,
 # exploration_final_eps, ...) need no entry. docs/config.md has this table for users.
-_PPO = "PPOConfig"  # IMPALA's config is a PPOConfig too
+_PPO = "PPOConfig"  # IMPALA's config is a PPOConfig too (less gae_lambda and clip_range_vf)
 _REPLAY = "OffPolicyConfig"
 _PG = "PolicyGradientConfig"  # A2C's and REINFORCE's
 ALIASES: dict[str, str | dict[str, str | None]] = {
@@ -365,10 +365,10 @@ ALIASES: dict[str, str | dict[str, str | None]] = {
     "num_epochs": {_PPO: "n_epochs"},
     "sgd_minibatch_size": {_PPO: "batch_size"},
     "minibatch_size": {_PPO: "batch_size"},
-    "lambda": {_PPO: "gae_lambda", "A2CConfig": "gae_lambda"},
-    "lambda_": {_PPO: "gae_lambda", "A2CConfig": "gae_lambda"},
+    "lambda": {_PPO: "gae_lambda", "A2CConfig": "gae_lambda", "IMPALAConfig": None},  # V-trace: no lambda option
+    "lambda_": {_PPO: "gae_lambda", "A2CConfig": "gae_lambda", "IMPALAConfig": None},
     "clip_param": {_PPO: "clip_range"},
-    "vf_clip_param": {_PPO: "clip_range_vf"},
+    "vf_clip_param": {_PPO: "clip_range_vf", "IMPALAConfig": None},  # IMPALA's value loss is not clipped
     "entropy_coeff": {_PPO: "ent_coef", _PG: "ent_coef"},
     "vf_loss_coeff": {_PPO: "vf_coef", _PG: "vf_coef"},
     "kl_target": {_PPO: None},

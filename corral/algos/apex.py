@@ -21,6 +21,7 @@ What changes from the base algorithms:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -120,6 +121,13 @@ class ApexDQNConfig(DQNConfig):
     target_update_interval: int = option(2500, "update the target network every this many gradient steps "
                                                 "(at the end of the update that reaches them)", ge=1)
 
+    # DQN's epsilon schedule is not Ape-X's: each env keeps its fixed rung of the ladder
+    # (eps_base, eps_alpha) for the whole run, so the schedule's options are taken out (a
+    # ClassVar is not a dataclass field: the keys are refused as unknown).
+    exploration_fraction: ClassVar[None] = None
+    exploration_initial_eps: ClassVar[None] = None
+    exploration_final_eps: ClassVar[None] = None
+
 
 class ApexDQN(ApexMixin, DQN):
     name = "apex_dqn"
@@ -158,6 +166,10 @@ class ApexTD3Config(TD3Config):
     noise_min: float = option(0.05, "Gaussian noise ladder: the smallest std", ge=0)
     prioritized: bool = option(True, "prioritized replay (proportional, sum-tree)")
 
+    # TD3's one exploration std is replaced by the per-env ladder (noise_max, noise_min); taken
+    # out of the options (a ClassVar is not a dataclass field: the key is refused as unknown)
+    exploration_noise: ClassVar[None] = None
+
 
 class ApexTD3(ApexMixin, TD3):
     name = "apex_td3"
@@ -190,6 +202,8 @@ class ApexTD3(ApexMixin, TD3):
 class ApexRainbowConfig(ApexDQNConfig, C51Config):
     """Ape-X's distributed prioritized replay over C51 (double, dueling, n-step 3, PER).
     Noisy nets stay off: the epsilon ladder explores, as in Ape-X."""
+
+    loss: ClassVar[None] = None  # C51's cross-entropy (ApexDQNConfig's fields come after C51Config's)
 
 
 class ApexRainbow(ApexDQN, C51):

@@ -11,7 +11,7 @@ The math lives in three functions with known-answer tests: ``categorical_project
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -162,7 +162,16 @@ class DistributionalDQN(DQN):
 
 
 @dataclass
-class C51Config(DQNConfig):
+class DistributionalConfig(DQNConfig):
+    """DQN's options less ``loss``: each distributional loss is its own (C51's cross-entropy,
+    the quantile Huber loss at ``kappa``), so DQN's huber / mse choice is taken out (a ClassVar
+    is not a dataclass field: the key is refused as unknown)."""
+
+    loss: ClassVar[None] = None
+
+
+@dataclass
+class C51Config(DistributionalConfig):
     n_atoms: int = option(51, "atoms of the categorical return distribution", ge=2)
     v_min: float = option(-10.0, "lowest atom (returns below it are projected onto it)")
     v_max: float = option(10.0, "highest atom (returns above it are projected onto it)")
@@ -199,7 +208,7 @@ class C51(DistributionalDQN):
 
 
 @dataclass
-class QRDQNConfig(DQNConfig):
+class QRDQNConfig(DistributionalConfig):
     n_quantiles: int = option(200, "quantiles per action (sb3-contrib's default)", ge=1)
     kappa: float = option(1.0, "quantile Huber threshold (0: plain quantile regression loss)", ge=0)
     init: Literal["orthogonal", "torch"] = option(
@@ -306,7 +315,7 @@ class QRDQN(DistributionalDQN):
 
 
 @dataclass
-class IQNConfig(DQNConfig):
+class IQNConfig(DistributionalConfig):
     n_taus: int = option(64, "N: fractions sampled for the online quantiles of a gradient step", ge=1)
     n_target_taus: int = option(64, "N': fractions sampled for the target quantiles", ge=1)
     n_action_taus: int = option(32, "K: fractions a greedy action averages over (acting and next actions)", ge=1)

@@ -16,6 +16,7 @@ for the learner.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,12 @@ class IMPALAConfig(PPOConfig):
     c_bar: float = option(1.0, "V-trace clip of the trace coefficients (c-bar)", gt=0)
     surrogate: bool = option(False, "APPO: PPO's clipped surrogate (clip_range) on the V-trace advantages")
     normalize_advantage: bool = option(False, "normalize the V-trace policy-gradient advantages per minibatch")
+
+    # PPO's options that IMPALA has no use for, taken out of its options (a ClassVar is not a
+    # dataclass field, so the key is refused as unknown): its targets are V-trace's (rho_bar,
+    # c_bar), not GAE's, and its value loss is the paper's plain regression, never clipped.
+    gae_lambda: ClassVar[None] = None
+    clip_range_vf: ClassVar[None] = None
 
 
 class IMPALA(PPO):

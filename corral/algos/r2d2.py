@@ -29,7 +29,7 @@ collectors' columns), and the learner samples from it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +79,9 @@ class R2D2Config(DQNConfig):
     eps_base: float = option(0.4, "collectors' epsilon ladder: eps_i = eps_base ** (1 + eps_alpha * i / (envs - 1))",
                              ge=0, le=1)
     eps_alpha: float = option(7.0, "epsilon ladder exponent range", ge=0)
+    # noisy nets are refused here (not wired for recurrent Q-networks), so their scale is no
+    # option (a ClassVar is not a dataclass field: the key is refused as unknown)
+    noisy_sigma0: ClassVar[None] = None
 
     def sequence_dims(self) -> tuple[int, int]:
         """``(recurrent state width, per-step aux floats)`` a stored sequence holds (the replay
