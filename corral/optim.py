@@ -1,8 +1,8 @@
 """FlatAdam: Adam (Kingma & Ba 2015) with global-norm gradient clipping over one flat buffer.
 
 Small RL networks spend more time in per-tensor optimizer overhead than in the
-arithmetic: ``torch.optim.Adam`` plus ``clip_grad_norm_`` cost ~250 us a step for a
-64x64 actor-critic on one CPU core, most of it Python and per-tensor dispatch.
+arithmetic: for a 64x64 actor-critic on a CPU, most of what ``torch.optim.Adam`` plus
+``clip_grad_norm_`` cost is Python and per-tensor dispatch (docs/ledger.md, FlatAdam).
 Here every parameter (and its ``.grad``) is a view into one flat tensor, so
 zeroing, clipping and the Adam update are a few whole-buffer ops (the update itself
 PyTorch's fused Adam kernel where this torch has one), whatever the number of layers. The math is exactly Adam's (PyTorch's default
