@@ -18,6 +18,7 @@ from corral.kernels.mlp import (  # noqa: F401
     mlp_forward,
     plain_activations,
 )
+from corral.kernels.precision import baddbmm, linear
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 ACTIVATION_FNS = {"tanh": torch.tanh, "relu": torch.relu, "elu": nn.functional.elu, "silu": nn.functional.silu}
@@ -78,7 +79,7 @@ class MLP(nn.Sequential):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for w, b, act in self._plan:
-            x = nn.functional.linear(x, w, b)
+            x = linear(x, w, b)
             if act is not None:
                 x = act(x)
         return x
@@ -224,7 +225,7 @@ class ParallelMLP(nn.Module):
             if x.dim() == 2:
                 x = x.unsqueeze(0).expand(len(members), *x.shape)
             for i, act in enumerate(self._act_after):
-                x = torch.baddbmm(params[2 * i + 1], x, params[2 * i].mT)
+                x = baddbmm(params[2 * i + 1], x, params[2 * i].mT)
                 if act:
                     x = self.act(x)
             return x
@@ -236,7 +237,7 @@ class ParallelMLP(nn.Module):
         if x.dim() == 2:
             x = x.unsqueeze(0).expand(self.n, *x.shape)
         for (w, b), act in zip(self._layers, self._act_after):
-            x = torch.baddbmm(b, x, w.mT)
+            x = baddbmm(b, x, w.mT)
             if act:
                 x = self.act(x)
         return x

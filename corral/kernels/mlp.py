@@ -12,6 +12,8 @@ import contextlib
 
 import torch
 
+from corral.kernels.precision import low_dtype, mm
+
 
 class _MLPFunction(torch.autograd.Function):
     """``MLP.forward`` for 2-d inputs written out with its backward: one autograd node
@@ -39,12 +41,15 @@ class _MLPFunction(torch.autograd.Function):
 def mlp_forward(x: torch.Tensor, params, acts, act_name: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """A chain of linear layers on a 2-d input, ``params`` ``(w0, b0, w1, b1, ...)``, the
     activation (relu or tanh, in place) after layer ``i`` where ``acts[i]``. Returns the
-    output and each layer's input, what ``mlp_backward`` needs."""
+    output and each layer's input, what ``mlp_backward`` needs. Wide layers multiply in the
+    update's precision (``corral.kernels.precision``)."""
     act = torch.relu_ if act_name == "relu" else torch.tanh_
     h, inputs = x, []
     for i, after in enumerate(acts):
         inputs.append(h)
-        h = torch.addmm(params[2 * i + 1], h, params[2 * i].t())
+        w, b = params[2 * i], params[2 * i + 1]
+        low = low_dtype(w)
+        h = torch.addmm(b, h, w.t()) if low is None else mm(h, w.t(), low).add_(b)
         if after:
             h = act(h)
     return h, inputs
@@ -62,12 +67,18 @@ def mlp_backward(grad: torch.Tensor, params, acts, act_name: str, inputs, out: t
         if acts[i]:
             g = (torch.ops.aten.threshold_backward(g, outputs[i], 0) if act_name == "relu"
                  else torch.ops.aten.tanh_backward(g, outputs[i]))
+        low = low_dtype(params[2 * i])  # the forward's precision: both run inside one update
         if needs is None or needs[2 * i]:
-            grads[2 * i] = torch.mm(g.t(), inputs[i], out=grads[2 * i])
+            if low is None:
+                grads[2 * i] = torch.mm(g.t(), inputs[i], out=grads[2 * i])
+            elif grads[2 * i] is None:
+                grads[2 * i] = mm(g.t(), inputs[i], low)
+            else:
+                grads[2 * i].copy_(mm(g.t(), inputs[i], low))
         if needs is None or needs[2 * i + 1]:
             grads[2 * i + 1] = torch.sum(g, 0, out=grads[2 * i + 1])
         if i > 0 or input_grad:
-            g = g.mm(params[2 * i])
+            g = g.mm(params[2 * i]) if low is None else mm(g, params[2 * i], low)
     return g if input_grad else None
 
 
@@ -105,7 +116,9 @@ def _parallel_mlp_forward(x, act_name, act_after, params):
     inputs = []
     for i, after in enumerate(act_after):
         inputs.append(h)
-        h = torch.baddbmm(params[2 * i + 1], h, params[2 * i].mT)
+        w, b = params[2 * i], params[2 * i + 1]
+        low = low_dtype(w)
+        h = torch.baddbmm(b, h, w.mT) if low is None else mm(h, w.mT, low).add_(b)
         if after:
             h = act(h)
     return h, inputs
@@ -139,17 +152,18 @@ class _ParallelMLPFunction(torch.autograd.Function):
                 else:
                     g = torch.ops.aten.threshold_backward(g, outputs[i], 0)
             w = params[2 * i]
+            low = low_dtype(w)  # the forward's precision: both run inside one update
             # Frozen parameters (a critic under the actor's loss) get no gradient computed.
             if ctx.needs_input_grad[3 + 2 * i]:
                 # dW = g^T h, [n, out, in]; computed as (h^T g)^T when out > in: MKL's batched
                 # matmul is several times slower when the result's last dimension is tiny.
-                grads[2 * i] = torch.bmm(g.mT, inputs[i]) if w.shape[1] <= w.shape[2] else torch.bmm(inputs[i].mT, g).mT
+                grads[2 * i] = mm(g.mT, inputs[i], low) if w.shape[1] <= w.shape[2] else mm(inputs[i].mT, g, low).mT
             if ctx.needs_input_grad[4 + 2 * i]:
                 grads[2 * i + 1] = g.sum(1, keepdim=True)
             if i > 0 or ctx.needs_input_grad[0]:
                 # one output (a critic's Q): an outer product, exact as a broadcast multiply
                 # (no sum over k), ~3x faster than MKL's batched matmul with k = 1
-                g = g * w if w.shape[1] == 1 else torch.bmm(g, w)
+                g = g * w if w.shape[1] == 1 else mm(g, w, low)
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = g.sum(0) if ctx.x_dim == 2 else g

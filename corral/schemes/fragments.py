@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from corral.errors import TrainingError, UserError
+from corral.kernels.precision import update_matmul
 from corral.schemes.collector import (
     Collector,
     FragmentData,
@@ -418,7 +419,8 @@ class FragmentScheme:
             L.add_steps(n)
             fed += 1
             if algo.ready():
-                updates.append(algo.update(min(1.0, L.env_steps / total)))
+                with update_matmul(L.cfg.matmul):
+                    updates.append(algo.update(min(1.0, L.env_steps / total)))
                 self.version += 1
         if columns:
             self._columns[meta.worker] = algo.column_state()
@@ -578,7 +580,8 @@ class FragmentScheme:
         from corral.schemes.replay_server import ReplayRestarted
 
         try:
-            return algo.update(progress)
+            with update_matmul(self.learner.cfg.matmul):
+                return algo.update(progress)
         except ReplayRestarted:
             self.replay_lost_updates += 1
             return None

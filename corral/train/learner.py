@@ -25,6 +25,7 @@ from corral.algos import get_algo
 from corral.algos.base import Step
 from corral.envs.base import episode_done
 from corral.errors import TrainingError, UserError
+from corral.kernels.precision import check_matmul, update_matmul
 from corral.rng import RNGStreams
 from corral.train.checkpoint import save_checkpoint
 from corral.train.hooks import CheckpointHook, EvalHook, MetricsHook, ProgressHook
@@ -120,6 +121,7 @@ class Learner:
         if cfg.keep_heap:
             keep_heap()
         self.device = resolve_device(cfg.device)
+        check_matmul(cfg.matmul, self.device)
         self.env_spec = self.env_spec if self.env_spec is not None else cfg.env.id
         self.rng = RNGStreams(cfg.seed, self.device)
         if self.env is None:
@@ -218,7 +220,8 @@ class Learner:
                 if tally is not None:
                     self.add_tallied(tally)
                     self.check_finite()
-                stats = algo.update(min(1.0, self.env_steps / total))
+                with update_matmul(self.cfg.matmul):
+                    stats = algo.update(min(1.0, self.env_steps / total))
                 yield stats
                 obs = self.obs
         if tally is not None:

@@ -1,0 +1,109 @@
+"""The updates' bfloat16 matmuls (corral/kernels/precision.py): wide layers only, float32
+outside an update, values and gradients near float32's, refused where the CPU lacks it."""
+
+import pytest
+import torch
+
+from corral.errors import UserError
+from corral.kernels import precision
+from corral.kernels.precision import check_matmul, update_matmul
+from corral.nets import MLP, ParallelMLP
+
+
+def _grads(net, x, fn):
+    x = x.clone().requires_grad_(True)
+    out = fn(net, x)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    grads = torch.autograd.grad((out * upstream).sum(), [x, *net.parameters()])
+    return out.detach(), grads
+
+
+PATHS = {
+    "mlp plain": (lambda: MLP(5, (128, 128), "tanh", out_dim=3), lambda n, x: n(x)),
+    "mlp fused": (lambda: MLP(5, (128, 128), "tanh", out_dim=3), lambda n, x: n.fused(x)),
+    "parallel fused": (lambda: ParallelMLP(2, 5, (128, 128), "tanh", out_dim=1), lambda n, x: n(x)),
+    "parallel plain (silu)": (lambda: ParallelMLP(2, 5, (128, 128), "silu", out_dim=1), lambda n, x: n(x)),
+    "parallel members": (lambda: ParallelMLP(3, 5, (128, 128), "tanh", out_dim=1),
+                         lambda n, x: n(x, torch.tensor([0, 2]))),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bfloat16_update_is_near_float32_and_not_equal(path):
+    make, fn = PATHS[path]
+    torch.manual_seed(0)
+    net = make()
+    x = torch.randn(64, 5)
+    out32, grads32 = _grads(net, x, fn)
+    with update_matmul("bfloat16"):
+        out16, grads16 = _grads(net, x, fn)
+    assert not torch.equal(out32, out16)  # the wide layer did multiply in bfloat16
+    assert (out16 - out32).norm() <= 1e-2 * out32.norm()
+    for g32, g16 in zip(grads32, grads16):  # smooth activations: a relu near 0 may flip, and its unit with it
+        assert g16.dtype == torch.float32
+        assert (g16 - g32).norm() <= 1e-2 * g32.norm() + 1e-6
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_float32_update_and_narrow_nets_are_bit_for_bit_unchanged(path):
+    make, fn = PATHS[path]
+    torch.manual_seed(0)
+    net = make()
+    x = torch.randn(64, 5)
+    ref_out, ref_grads = _grads(net, x, fn)
+    with update_matmul("float32"):
+        out, grads = _grads(net, x, fn)
+    assert torch.equal(out, ref_out) and all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    narrow = MLP(5, (precision.WIDE - 1, precision.WIDE - 1), "relu", out_dim=3)
+    ref = narrow(x)
+    with update_matmul("bfloat16"):
+        assert torch.equal(narrow(x), ref)  # no layer wide enough on both sides: float32 throughout
+
+
+def test_the_context_restores_float32_even_on_error():
+    with pytest.raises(RuntimeError):
+        with update_matmul("bfloat16"):
+            assert precision.low_dtype(torch.empty(256, 256)) is torch.bfloat16
+            raise RuntimeError
+    assert precision.low_dtype(torch.empty(256, 256)) is None
+
+
+def test_check_matmul_refuses_unknown_names_and_cpus_without_bfloat16(monkeypatch):
+    with pytest.raises(UserError, match="choose one of float32, bfloat16"):
+        check_matmul("fp8", torch.device("cpu"))
+    monkeypatch.setattr(precision, "native_bfloat16_cpu", lambda: False)
+    with pytest.raises(UserError, match="no bfloat16 dot-product instructions"):
+        check_matmul("bfloat16", torch.device("cpu"))
+    check_matmul("float32", torch.device("cpu"))  # always allowed
+
+
+def test_cli_refuses_bfloat16_on_a_cpu_without_it(monkeypatch, tmp_path, capsys):
+    from corral.cli import main
+
+    monkeypatch.setattr(precision, "native_bfloat16_cpu", lambda: False)
+    code = main(["train", "sac", "Pendulum-v1", "--steps", "300", "--set", "matmul=bfloat16", "--run-dir",
+                 str(tmp_path / "run"), "--set", "progress=false"])
+    assert code != 0
+    assert "matmul=bfloat16" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before the run directory was made
+
+
+@pytest.mark.skipif(not precision.native_bfloat16_cpu(), reason="this CPU has no native bfloat16")
+def test_bfloat16_runs_only_inside_updates_acting_stays_float32():
+    """Two SAC runs, float32 and bfloat16 updates: identical until the first update (acting
+    and the warm-up draw are float32), different after it, and both finite."""
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config
+
+    def run(matmul, steps):
+        cfg = build_config("sac", "Pendulum-v1", steps=steps, seed=0,
+                           sets=["progress=false", "eval.episodes=0", "tensorboard=false", "learning_starts=200",
+                                 f"matmul={matmul}", "hidden=[128,128]"])
+        learner = Learner(cfg, None)
+        learner.train()
+        return [p.detach().clone() for p in learner.algo.actor.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(run("float32", 200), run("bfloat16", 200)))
+    after32, after16 = run("float32", 260), run("bfloat16", 260)
+    assert not all(torch.equal(a, b) for a, b in zip(after32, after16))
+    assert all(torch.isfinite(p).all() for p in after16)
