@@ -23,40 +23,54 @@ class _MLPFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, act_name, acts, *params):
-        h, inputs = mlp_forward(x, params, acts, act_name)
+        lows: list = []
+        h, inputs = mlp_forward(x, params, acts, act_name, lows)
         ctx.act_name, ctx.acts = act_name, acts
-        ctx.save_for_backward(*params, *inputs, h)
+        ctx.save_for_backward(*params, *inputs, h, *lows)
         return h
 
     @staticmethod
     def backward(ctx, grad):
         saved, n = ctx.saved_tensors, len(ctx.acts)
-        params, inputs, out = saved[:2 * n], saved[2 * n:-1], saved[-1]
+        params, inputs, out, lows = saved[:2 * n], saved[2 * n:3 * n], saved[3 * n], saved[3 * n + 1:]
         grads = [None] * (2 * n)
         need = ctx.needs_input_grad
-        g = mlp_backward(grad, params, ctx.acts, ctx.act_name, inputs, out, grads, need[3:], need[0])
+        g = mlp_backward(grad, params, ctx.acts, ctx.act_name, inputs, out, grads, need[3:], need[0], lows)
         return (g, None, None, *grads)
 
 
-def mlp_forward(x: torch.Tensor, params, acts, act_name: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _cast(h: torch.Tensor, w: torch.Tensor, lows: list | None):
+    """A wide layer's operands in the update's low precision (``(h, w)`` unchanged for a
+    float32 layer), appended to ``lows`` for the backward when it is given (None for float32)."""
+    low = low_dtype(w)
+    if low is not None:
+        h, w = h.to(low), w.to(low)
+    if lows is not None:
+        lows += (h, w) if low is not None else (None, None)
+    return h, w, low
+
+
+def mlp_forward(x: torch.Tensor, params, acts, act_name: str,
+                lows: list | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """A chain of linear layers on a 2-d input, ``params`` ``(w0, b0, w1, b1, ...)``, the
     activation (relu or tanh, in place) after layer ``i`` where ``acts[i]``. Returns the
     output and each layer's input, what ``mlp_backward`` needs. Wide layers multiply in the
-    update's precision (``corral.kernels.precision``)."""
+    update's precision (``corral.kernels.precision``); ``lows`` (a list) collects their
+    low-precision operands so the backward does not cast them again."""
     act = torch.relu_ if act_name == "relu" else torch.tanh_
     h, inputs = x, []
     for i, after in enumerate(acts):
         inputs.append(h)
-        w, b = params[2 * i], params[2 * i + 1]
-        low = low_dtype(w)
-        h = torch.addmm(b, h, w.t()) if low is None else mm(h, w.t(), low).add_(b)
+        b = params[2 * i + 1]
+        hl, wl, low = _cast(h, params[2 * i], lows)
+        h = torch.addmm(b, hl, wl.t()) if low is None else torch.mm(hl, wl.t()).float().add_(b)
         if after:
             h = act(h)
     return h, inputs
 
 
 def mlp_backward(grad: torch.Tensor, params, acts, act_name: str, inputs, out: torch.Tensor, grads: list,
-                 needs=None, input_grad: bool = False) -> torch.Tensor | None:
+                 needs=None, input_grad: bool = False, lows=None) -> torch.Tensor | None:
     """``mlp_forward``'s backward from ``grad`` (d loss / d out): each layer's weight and bias
     gradient into ``grads[2i]`` / ``grads[2i + 1]`` (where ``needs`` says, all by default);
     an entry that already holds a tensor is written in place (``out=``: a flat optimizer's
@@ -68,17 +82,19 @@ def mlp_backward(grad: torch.Tensor, params, acts, act_name: str, inputs, out: t
             g = (torch.ops.aten.threshold_backward(g, outputs[i], 0) if act_name == "relu"
                  else torch.ops.aten.tanh_backward(g, outputs[i]))
         low = low_dtype(params[2 * i])  # the forward's precision: both run inside one update
+        h, w = (inputs[i], params[2 * i]) if low is None or not lows else lows[2 * i:2 * i + 2]
+        gl = g if low is None else g.to(low)
         if needs is None or needs[2 * i]:
             if low is None:
-                grads[2 * i] = torch.mm(g.t(), inputs[i], out=grads[2 * i])
+                grads[2 * i] = torch.mm(g.t(), h, out=grads[2 * i])
             elif grads[2 * i] is None:
-                grads[2 * i] = mm(g.t(), inputs[i], low)
+                grads[2 * i] = mm(gl.t(), h, low)
             else:
-                grads[2 * i].copy_(mm(g.t(), inputs[i], low))
+                grads[2 * i].copy_(mm(gl.t(), h, low))
         if needs is None or needs[2 * i + 1]:
             grads[2 * i + 1] = torch.sum(g, 0, out=grads[2 * i + 1])
         if i > 0 or input_grad:
-            g = g.mm(params[2 * i]) if low is None else mm(g, params[2 * i], low)
+            g = g.mm(w) if low is None else mm(gl, w, low)
     return g if input_grad else None
 
 
@@ -108,17 +124,18 @@ def plain_activations():
         _FUSED_ACTS["tanh"] = saved
 
 
-def _parallel_mlp_forward(x, act_name, act_after, params):
-    """Returns the output and the inputs of every layer (what the backward needs)."""
+def _parallel_mlp_forward(x, act_name, act_after, params, lows: list | None = None):
+    """Returns the output and the inputs of every layer (what the backward needs); ``lows``
+    as ``mlp_forward``'s."""
     act = _FUSED_ACTS[act_name]
     n = params[0].shape[0]
     h = x.unsqueeze(0).expand(n, *x.shape) if x.dim() == 2 else x
     inputs = []
     for i, after in enumerate(act_after):
         inputs.append(h)
-        w, b = params[2 * i], params[2 * i + 1]
-        low = low_dtype(w)
-        h = torch.baddbmm(b, h, w.mT) if low is None else mm(h, w.mT, low).add_(b)
+        b = params[2 * i + 1]
+        hl, wl, low = _cast(h, params[2 * i], lows)
+        h = torch.baddbmm(b, hl, wl.mT) if low is None else torch.bmm(hl, wl.mT).float().add_(b)
         if after:
             h = act(h)
     return h, inputs
@@ -132,16 +149,18 @@ class _ParallelMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, act_name, act_after, *params):
-        out, inputs = _parallel_mlp_forward(x, act_name, act_after, params)
+        lows: list = []
+        out, inputs = _parallel_mlp_forward(x, act_name, act_after, params, lows)
         ctx.act_name, ctx.act_after, ctx.x_dim = act_name, act_after, x.dim()
-        ctx.save_for_backward(*params, *inputs, out)
+        ctx.save_for_backward(*params, *inputs, out, *lows)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         saved = ctx.saved_tensors
         n_layers = len(ctx.act_after)
-        params, inputs, out = saved[:2 * n_layers], saved[2 * n_layers:-1], saved[-1]
+        params, inputs = saved[:2 * n_layers], saved[2 * n_layers:3 * n_layers]
+        out, lows = saved[3 * n_layers], saved[3 * n_layers + 1:]
         outputs = [*inputs[1:], out]  # what each layer's activation produced
         grads = [None] * (2 * n_layers)
         g = grad
@@ -151,19 +170,22 @@ class _ParallelMLPFunction(torch.autograd.Function):
                     g = torch.ops.aten.tanh_backward(g, outputs[i])
                 else:
                     g = torch.ops.aten.threshold_backward(g, outputs[i], 0)
-            w = params[2 * i]
+            w, h = params[2 * i], inputs[i]
             low = low_dtype(w)  # the forward's precision: both run inside one update
+            gl = g
+            if low is not None:  # the forward's low-precision operands, and g cast once
+                h, w, gl = lows[2 * i], lows[2 * i + 1], g.to(low)
             # Frozen parameters (a critic under the actor's loss) get no gradient computed.
             if ctx.needs_input_grad[3 + 2 * i]:
                 # dW = g^T h, [n, out, in]; computed as (h^T g)^T when out > in: MKL's batched
                 # matmul is several times slower when the result's last dimension is tiny.
-                grads[2 * i] = mm(g.mT, inputs[i], low) if w.shape[1] <= w.shape[2] else mm(inputs[i].mT, g, low).mT
+                grads[2 * i] = mm(gl.mT, h, low) if w.shape[1] <= w.shape[2] else mm(h.mT, gl, low).mT
             if ctx.needs_input_grad[4 + 2 * i]:
                 grads[2 * i + 1] = g.sum(1, keepdim=True)
             if i > 0 or ctx.needs_input_grad[0]:
                 # one output (a critic's Q): an outer product, exact as a broadcast multiply
                 # (no sum over k), ~3x faster than MKL's batched matmul with k = 1
-                g = g * w if w.shape[1] == 1 else mm(g, w, low)
+                g = g * w if w.shape[1] == 1 else mm(gl, w, low)
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = g.sum(0) if ctx.x_dim == 2 else g
