@@ -44,8 +44,8 @@ CASES = {
     "matd3": ("matd3", "tests/ma_envs.py:TargetsEnv", 1500, {"eval.episodes": 0}),
     "ddpg": ("ddpg", "Pendulum-v1", 1500, {"eval.episodes": 0, "ddpg.learning_starts": 500}),
     # the on-policy family's other members (bonus streams, policy-gradient losses, TRPO's step)
-    "ppo_rnd": ("ppo_rnd", "MountainCar-v0", 4096, {"eval.episodes": 0}),
-    "ppo_icm": ("ppo_icm", "MountainCar-v0", 4096, {"eval.episodes": 0}),
+    "ppo_rnd": ("ppo_rnd", "MountainCar-v0", 12288, {"eval.episodes": 0}),  # three updates after the warm-up
+    "ppo_icm": ("ppo_icm", "MountainCar-v0", 12288, {"eval.episodes": 0}),
     "a2c": ("a2c", "CartPole-v1", 4096, {"eval.episodes": 0}),
     "reinforce": ("reinforce", "CartPole-v1", 4096, {"eval.episodes": 0}),
     "trpo": ("trpo", "Pendulum-v1", 4096, {"eval.episodes": 0}),

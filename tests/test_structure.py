@@ -109,6 +109,23 @@ def violations(source: str, rel: str) -> list[str]:
                         if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) \
                                 and v.value.id in ALGO_NAMES and v.value.id != node.name:
                             out.append(f"{rel}:{item.lineno}: {node.name} borrows {v.value.id}.{v.attr}")
+    return out + _super_skips(tree, rel)
+
+
+def _super_skips(tree: ast.AST, rel: str) -> list[str]:
+    """``super(X, self)`` with ``X`` not the enclosing class: it jumps past the parents' methods
+    (a subclass undoing its parent's constructor is asking for a shared base)."""
+    out = []
+
+    def visit(node: ast.AST, cls: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id == "super" \
+                    and child.args and not (isinstance(child.args[0], ast.Name) and child.args[0].id == cls):
+                out.append(f"{rel}:{child.lineno}: super({ast.unparse(child.args[0])}, ...) in "
+                           f"{cls or 'a function'} skips the methods between")
+            visit(child, child.name if isinstance(child, ast.ClassDef) else cls)
+
+    visit(tree, None)
     return out
 
 
@@ -141,6 +158,9 @@ EXAMPLES = {
                                "def f(kind):\n    return kind.rewarded is not Algorithm.rewarded\n"),
     "estimate probing the replay": ("bench/estimate.py",
                                     "def f(learner):\n    return getattr(learner.algo, 'replay', None)\n"),
+    "ppo_icm skips PPO-RND's constructor": ("algos/ppo_icm.py",
+                                           "class PPOICM(PPORND):\n    def __init__(self, cfg):\n"
+                                           "        super(PPORND, self).__init__(cfg)\n"),
 }
 
 
@@ -155,6 +175,8 @@ def test_the_checker_leaves_declarations_and_own_files_alone():
           "class TD3(DelayedActor, ActorCriticOffPolicy):\n    name = 'td3'\n")
     assert violations(ok, "schemes/grad.py") == []
     assert violations("def f(self):\n    return isinstance(self, DQN)\n", "algos/dqn.py") == []
+    own = "class PPOICM(BonusPPO):\n    def __init__(self, cfg):\n        super(PPOICM, self).__init__(cfg)\n"
+    assert violations(own, "algos/ppo_icm.py") == []
 
 
 # Not split yet (issue 36 item 3); the list can only shrink: a file or function that gets short
