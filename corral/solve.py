@@ -6,8 +6,9 @@
 PROBLEM is maxcut, mis (maximum independent set) or vc (minimum vertex cover). INSTANCE is a
 graph file (Gset: a header ``n m``, then ``u v w`` lines, 1-based; or DIMACS ``p edge n m`` /
 ``e u v``) or a generator: ``er:N:P[:SEED]`` (Erdos-Renyi), ``rb:N:D[:SEED[:P]]`` (Model RB
-with a planted optimum of N, mis / vc only). The best value is printed with the best value over
-time; the solution is written to ``--out`` (default ``<instance>.cut.txt`` for maxcut,
+with a planted optimum of N, mis / vc only); mimo takes a channel
+``rayleigh:N=8,K=8,snr=10,seed=0`` (methods corral (default), wmmse, zf, mmse, policy; the
+beams go to ``--out``). The best value is printed with the best value over time; the solution is written to ``--out`` (default ``<instance>.cut.txt`` for maxcut,
 ``<instance>.<problem>.txt`` otherwise; ``--out -`` writes none): line i holds 0 or 1 for node i
 (maxcut: its side; mis / vc: whether it is in the set). With ``--json`` the last line of stdout is
 one JSON record (maxcut: ``{"cut", "seconds", "nodes", "edges"}``; mis / vc: problem, instance,
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from corral.errors import UserError
 
-PROBLEMS = ("maxcut", "mis", "vc")  # corral.problems.registry.PROBLEMS (not imported here: it loads torch)
+PROBLEMS = ("maxcut", "mis", "vc", "mimo")  # corral.problems.registry.PROBLEMS (not imported here: it loads torch)
 
 
 def write_assignment(assignment, path: str | Path) -> None:
@@ -71,6 +72,15 @@ def _cmd_solve(args) -> int:
 
     problem, result = solve(kind, problem, seconds=args.time_limit, method=method, seed=args.seed, device=device,
                             batch=args.envs, progress=progress)
+    if kind == "mimo":  # beams, not a 0/1 assignment (corral.problems.mimo)
+        from corral.problems.mimo import write_beams
+
+        if out is not None:
+            write_beams(result.solution, out)
+        print(json.dumps({**result.record(), **problem.describe()}) if args.json else
+              f"sum rate {result.value:.4f} bits/s/Hz on {problem.name} in {result.seconds:.1f}s with {method}"
+              + (f"; beams in {out} (line i: antenna i's re im per user)" if out is not None else ""))
+        return 0
     if out is not None:
         write_assignment(result.solution, out)
     value = int(result.value) if float(result.value).is_integer() else result.value

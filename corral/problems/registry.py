@@ -5,7 +5,8 @@
     result.check(problem)                                           # recompute from the solution
 
 An instance is a graph file or a generator spec: ``er:N:P[:SEED]`` (Erdos-Renyi) for every
-problem, ``rb:N:D[:SEED[:P]]`` (Model RB with a planted optimum) for mis / vc.
+problem, ``rb:N:D[:SEED[:P]]`` (Model RB with a planted optimum) for mis / vc, a channel
+``rayleigh:N=8,K=8,snr=10,seed=0`` for mimo (:mod:`corral.problems.mimo`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ PROBLEMS = {
     "maxcut": "maximum cut of a weighted graph",
     "mis": "maximum independent set",
     "vc": "minimum vertex cover (the complement of an independent set)",
+    "mimo": "MIMO downlink beamforming (sum rate under a total power budget)",
 }
 METHODS = {
     "maxcut": ("ppo", "random", "greedy", "tabu", "mcpg"),
     "mis": ("mcpg", "arw", "greedy", "networkx", "exact"),
     "vc": ("mcpg", "arw", "greedy", "networkx", "exact"),
+    "mimo": ("corral", "wmmse", "zf", "mmse", "policy"),
 }
-DEFAULT_METHOD = {"maxcut": "ppo", "mis": "mcpg", "vc": "mcpg"}
+DEFAULT_METHOD = {"maxcut": "ppo", "mis": "mcpg", "vc": "mcpg", "mimo": "corral"}
 
 
 def check_problem(kind: str) -> str:
@@ -46,6 +49,10 @@ def check_method(kind: str, method: str | None) -> str:
 def load_problem(kind: str, instance: str, device: str | torch.device = "cpu") -> Problem:
     """The problem ``kind`` on ``instance`` (a graph file or a generator spec)."""
     check_problem(kind)
+    if kind == "mimo":
+        from corral.problems.mimo import load_mimo
+
+        return load_mimo(instance)
     if kind == "maxcut":
         from corral.problems.graphs import erdos_renyi, read_gset
         from corral.problems.maxcut_solver import MaxCutProblem
@@ -80,7 +87,11 @@ def solve(kind: str, instance: str | Problem, seconds: float = 30.0, method: str
     if batch < 1:
         raise UserError(f"the number of envs (chains) must be >= 1, got {batch}")
     problem = instance if isinstance(instance, Problem) else load_problem(kind, instance, device)
-    if method == "mcpg":
+    if kind == "mimo":
+        from corral.problems.mimo import solve_mimo
+
+        result = solve_mimo(problem, seconds, method, seed=seed, batch=batch, **options)
+    elif method == "mcpg":
         from corral.problems.search import mcpg
 
         result = mcpg(problem, seconds, seed=seed, batch=max(2, batch), progress=progress, **options)

@@ -1,0 +1,188 @@
+"""MIMO downlink beamforming (corral.problems.mimo): known answers for the sum rate, ZF, WMMSE's
+update and monotonicity, the power repair, corral's optimizer, the one-pass policy and the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+
+from corral.errors import UserError
+from corral.problems import mimo
+from corral.problems.base import InfeasibleSolution
+from corral.problems.mimo_policy import train_policy
+from corral.solve import add_solve_parser
+
+
+def c(x):
+    return torch.as_tensor(x, dtype=torch.complex128)
+
+
+def test_sum_rate_on_a_hand_worked_two_user_channel():
+    # user 0 hears beam 1 through 0.5j: SINR 1 / (0.25 + 1); user 1 is interference-free: SINR 1
+    H = c([[1, 0.5j], [0, 1]])
+    W = c([[1, 0], [0, 1]])
+    assert float(mimo.sum_rate(H, W)) == pytest.approx(math.log2(1 + 1 / 1.25) + 1.0, abs=1e-12)
+    # noise 4 instead of 1
+    assert float(mimo.sum_rate(H, W, noise=4.0)) == pytest.approx(math.log2(1 + 1 / 4.25) + math.log2(1.25))
+
+
+def test_rayleigh_channels_are_fixed_by_their_seed_and_unit_variance():
+    H = mimo.rayleigh(4, 4, 0, count=3)
+    assert torch.equal(H[2], mimo.rayleigh(4, 4, 2)[0])
+    big = mimo.rayleigh(64, 64, 7)[0]
+    assert float(big.abs().square().mean()) == pytest.approx(1.0, abs=0.06)
+    p = mimo.load_mimo("rayleigh:N=4,K=4,snr=20,seed=2")
+    assert torch.equal(p.H, H[2]) and p.P == pytest.approx(100.0)
+
+
+def test_zero_forcing_leaves_no_interference_and_spends_the_budget():
+    H = mimo.rayleigh(6, 4, 3)[0]
+    W = mimo.zero_forcing(H, 10.0)
+    G = H @ W
+    off = G - torch.diag(torch.diagonal(G))
+    assert float(off.abs().max()) < 1e-10
+    assert float(mimo.power(W)) == pytest.approx(10.0)
+
+
+def test_water_filling_matches_a_hand_worked_case():
+    # floors 1/g = 0.5, 1, 4; with P = 2 the level is 1.75: powers 1.25, 0.75, 0
+    p = mimo.water_fill(torch.tensor([2.0, 1.0, 0.25], dtype=torch.float64), 2.0)
+    assert p.tolist() == pytest.approx([1.25, 0.75, 0.0])
+
+
+def test_wmmse_one_step_matches_the_hand_computed_update_on_a_scalar_channel():
+    # h = 1, v = 1, noise 1: u = 1/2, e = 1/2, w = 2, A = |u|^2 w |h|^2 = 1/2, b = h u w = 1
+    H, W = c([[[1.0]]]), c([[[1.0]]])
+    u, e, w = mimo.wmmse_receivers(H, W)
+    assert (complex(u), float(e), float(w)) == pytest.approx((0.5, 0.5, 2.0))
+    # P = 2: v(0) = 2 is over the budget, so mu solves 1 / (1/2 + mu) = sqrt(2)
+    V, mu = mimo.wmmse_transmit(H, u, w, 2.0)
+    assert float(mu) == pytest.approx(1 / math.sqrt(2) - 0.5, abs=1e-9)
+    assert complex(V) == pytest.approx(math.sqrt(2), abs=1e-9)
+    # P = 8: v(0) = 2 fits, mu = 0
+    V, mu = mimo.wmmse_transmit(H, u, w, 8.0)
+    assert float(mu) == 0.0 and complex(V) == pytest.approx(2.0)
+
+
+def test_wmmse_one_step_on_a_two_user_diagonal_channel():
+    # H = diag(1, 2), W = I, P = 2: user 1 u = 1/2, w = 2; user 2 u = 2/5, w = 5;
+    # A = diag(1/2, 16/5), b = (1, 4): v_k = b_k / (A_kk + mu) with 1/(1/2+mu)^2 + 16/(16/5+mu)^2 = 2
+    H, W = c([[1, 0], [0, 2]]), c([[1, 0], [0, 1]])
+    u, _, w = mimo.wmmse_receivers(H, W)
+    assert u.real.tolist() == pytest.approx([0.5, 0.4]) and w.tolist() == pytest.approx([2.0, 5.0])
+    V, mu = mimo.wmmse_transmit(H, u, w, 2.0)
+    m = float(mu)
+    assert 1 / (0.5 + m) ** 2 + 16 / (3.2 + m) ** 2 == pytest.approx(2.0, rel=1e-8)
+    assert V.real.diagonal().tolist() == pytest.approx([1 / (0.5 + m), 4 / (3.2 + m)], rel=1e-9)
+    assert float(V.imag.abs().max()) < 1e-12 and float(V[0, 1].abs() + V[1, 0].abs()) < 1e-12
+
+
+def test_wmmse_never_increases_the_weighted_mse_objective():
+    H = mimo.rayleigh(4, 4, 11, count=4)
+    P = mimo.power_of(20)
+    W = mimo.random_beams((4, 4, 4), P, torch.Generator().manual_seed(0))
+    u, _, w = mimo.wmmse_receivers(H, W)
+    f = mimo.wmmse_objective(H, W, u, w)
+    rate = mimo.sum_rate(H, W)
+    for _ in range(30):
+        W, _ = mimo.wmmse_transmit(H, u, w, P)  # the beam block
+        f_v = mimo.wmmse_objective(H, W, u, w)
+        u, _, w = mimo.wmmse_receivers(H, W)  # the receiver and weight blocks
+        f_uw = mimo.wmmse_objective(H, W, u, w)
+        assert bool((f_v <= f + 1e-9).all()) and bool((f_uw <= f_v + 1e-9).all())
+        # with optimal u and w the objective is K - ln(2) * sum rate: the rate never falls
+        assert f_uw.tolist() == pytest.approx((4 - math.log(2) * mimo.sum_rate(H, W)).tolist(), abs=1e-9)
+        new = mimo.sum_rate(H, W)
+        assert bool((new >= rate - 1e-9).all()) and bool(mimo.feasible(W, P).all())
+        f, rate = f_uw, new
+
+
+def test_power_repair_never_returns_an_infeasible_beam_set():
+    gen = torch.Generator().manual_seed(3)
+    W = torch.randn(64, 5, 3, generator=gen, dtype=torch.complex128)
+    W = W * torch.logspace(-12, 12, 64, dtype=torch.float64)[:, None, None]
+    W[0] = 0
+    W[1, 0, 0] = complex("nan")
+    for P in (1e-3, 1.0, 10.0, 100.0, 1e6):
+        R = mimo.repair(W, P)
+        assert bool(mimo.feasible(R, P).all()) and bool(torch.isfinite(torch.view_as_real(R)).all())
+        assert mimo.power(R).tolist() == pytest.approx([P] * 64, rel=1e-9)
+
+
+def test_repair_never_lowers_the_sum_rate_of_an_under_powered_set():
+    H = mimo.rayleigh(4, 4, 5, count=8)
+    W = mimo.random_beams((8, 4, 4), 10.0, torch.Generator().manual_seed(1)) * 0.3
+    assert bool((mimo.sum_rate(H, mimo.repair(W, 10.0)) >= mimo.sum_rate(H, W)).all())
+
+
+def test_baselines_order_on_fixed_channels():
+    H = mimo.rayleigh(4, 4, 0, count=20)
+    P = mimo.power_of(10)
+    rates = {name: float(mimo.sum_rate(H, W).mean()) for name, W in (
+        ("random", mimo.random_beams((20, 4, 4), P, torch.Generator().manual_seed(0))),
+        ("zf", mimo.zero_forcing(H, P)), ("mmse", mimo.mmse(H, P)),
+        ("wmmse", mimo.wmmse_restarts(H, P, restarts=2)))}
+    assert rates["random"] < rates["zf"] < rates["mmse"] < rates["wmmse"]
+
+
+def test_corral_optimizer_is_never_below_its_wmmse_start():
+    H = mimo.rayleigh(4, 4, 20, count=6)
+    P = mimo.power_of(20)
+    start = mimo.wmmse(H, mimo.mmse(H, P), P, iters=5)  # a weak start leaves room above it
+    W = mimo.ascend(H, P, starts=4, steps=20, phases=2, polish=10, init=start)
+    assert bool(mimo.feasible(W, P).all())
+    assert bool((mimo.sum_rate(H, W) >= mimo.sum_rate(H, start) - 1e-9).all())  # repair: P (1 - 1e-12)
+    assert float(mimo.sum_rate(H, W).mean()) > float(mimo.sum_rate(H, start).mean())
+
+
+def test_one_pass_policy_on_a_tiny_budget_beats_random_beams():
+    P = mimo.power_of(10)
+    H = mimo.rayleigh(4, 4, 0, count=50)
+    policy, info = train_policy(4, 4, P, steps=60, batch=64, seed=0, hidden=64, unroll=1)
+    W = policy.act(H)
+    assert info["steps"] == 60 and bool(mimo.feasible(W, P).all())
+    random = mimo.sum_rate(H, mimo.random_beams((50, 4, 4), P, torch.Generator().manual_seed(0)))
+    assert float(mimo.sum_rate(H, W).mean()) > float(random.mean()) + 4.0
+
+
+def test_problem_check_recomputes_the_rate_and_refuses_an_over_budget_set():
+    p = mimo.load_mimo("rayleigh:N=3,K=2,snr=10,seed=1")
+    W = mimo.mmse(p.H, p.P)
+    assert p.check(W) == pytest.approx(float(mimo.sum_rate(p.H, W)))
+    with pytest.raises(InfeasibleSolution, match="over the budget"):
+        p.check(W * 2)
+    with pytest.raises(InfeasibleSolution, match="shape"):
+        p.check(W.T)
+
+
+@pytest.mark.parametrize("spec", ["gauss:N=4", "rayleigh:K=4", "rayleigh:N=4,snr=x", "rayleigh:N=0"])
+def test_bad_instance_specs_are_refused_with_the_format(spec):
+    with pytest.raises(UserError, match="rayleigh:N=8"):
+        mimo.parse_spec(spec) if spec != "rayleigh:N=0" else mimo.load_mimo(spec)
+
+
+def run_cli(argv):
+    parser = argparse.ArgumentParser(prog="corral")
+    add_solve_parser(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+def test_cli_solves_a_channel_and_writes_beams_that_check(tmp_path, capsys):
+    out = tmp_path / "beams.txt"
+    spec = "rayleigh:N=4,K=4,snr=10,seed=0"
+    assert run_cli(["solve", "mimo", spec, "--seconds", "2", "--envs", "4", "--out", str(out), "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    p = mimo.load_mimo(spec)
+    vals = torch.tensor([[float(v) for v in line.split()] for line in out.read_text().splitlines()],
+                        dtype=torch.float64)
+    W = torch.view_as_complex(vals.reshape(4, 4, 2).contiguous())
+    assert rec["method"] == "corral" and p.check(W) == pytest.approx(rec["value"], rel=1e-12)
+    wm = mimo.sum_rate(p.H, mimo.wmmse_restarts(p.H[None], p.P, restarts=8))
+    assert rec["value"] >= float(wm) - 1e-9
+    assert run_cli(["solve", "mimo", spec, "--method", "zf", "--out", "-"]) == 0
+    assert "sum rate" in capsys.readouterr().out
