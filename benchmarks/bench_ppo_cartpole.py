@@ -28,17 +28,22 @@ BUDGET = 100_000
 ZOO = ("ppo.n_epochs=20", "ppo.lr=0.001")
 
 
+def sb3_zoo_kwargs() -> dict:
+    """rl-zoo's ppo.yml CartPole-v1 entry as SB3 (and SBX) keyword arguments (its 8 envs apart)."""
+
+    def lin(v):
+        return lambda progress: progress * v
+
+    return dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
+                learning_rate=lin(1e-3), clip_range=lin(0.2))
+
+
 def run_sb3(seed: int) -> dict:
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-
-    def lin(v):
-        return lambda progress: progress * v
-
-    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
-                ent_coef=0.0, learning_rate=lin(1e-3), clip_range=lin(0.2), seed=seed, device="cpu", verbose=0)
+    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **sb3_zoo_kwargs())
     return learn_sb3(model, BUDGET, TARGET)
 
 
