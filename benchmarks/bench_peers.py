@@ -89,11 +89,14 @@ class Cell:
 
 MUJOCO = dict(learning_starts=10_000)  # rl-zoo's sac.yml / tqc.yml HalfCheetah entry (&mujoco-defaults)
 CELLS = {
-    "sac-pendulum": Cell("sac", "Pendulum-v1", 20_000, ("corral", "sbx", "sb3", "cleanrl", "leanrl"), -200.0),
-    "tqc-pendulum": Cell("tqc", "Pendulum-v1", 20_000, ("corral", "sbx", "sb3"), -200.0),
-    "sac-halfcheetah": Cell("sac", "HalfCheetah-v5", 30_000, ("corral", "sbx", "sb3", "cleanrl", "leanrl"),
+    # corral-bf16: corral with its updates' wide matmuls in bfloat16 (matmul=bfloat16, needs AVX512-BF16 / AMX)
+    "sac-pendulum": Cell("sac", "Pendulum-v1", 20_000, ("corral", "corral-bf16", "sbx", "sb3", "cleanrl", "leanrl"),
+                         -200.0),
+    "tqc-pendulum": Cell("tqc", "Pendulum-v1", 20_000, ("corral", "corral-bf16", "sbx", "sb3"), -200.0),
+    "sac-halfcheetah": Cell("sac", "HalfCheetah-v5", 30_000,
+                            ("corral", "corral-bf16", "sbx", "sb3", "cleanrl", "leanrl"),
                             sb3=MUJOCO, corral_sets=("sac.learning_starts=10000",)),
-    "tqc-halfcheetah": Cell("tqc", "HalfCheetah-v5", 30_000, ("corral", "sbx", "sb3"), sb3=MUJOCO),
+    "tqc-halfcheetah": Cell("tqc", "HalfCheetah-v5", 30_000, ("corral", "corral-bf16", "sbx", "sb3"), sb3=MUJOCO),
     "dqn-cartpole": Cell("dqn", "CartPole-v1", 50_000, ("corral", "sbx", "sb3", "cleanrl", "leanrl"), 475.0),
     # corral: its preset (`corral train ppo CartPole-v1`); corral-zoo: rl-zoo's exact values;
     # PureJaxRL at its own CartPole config and budget (its lr anneals over that budget)
@@ -161,13 +164,15 @@ def summarize(runs: list[dict], ref: str = "corral") -> dict:
                             "median": _median(vals)}
             lib["reached"] = f"{sum(r.get('to_target_s') is not None for r in rs)}/{len(rs)}"
             lib["last20"] = _median([r.get("last20") for r in rs])
-        if ref in libs:
+        for r in (ref, f"{ref}-bf16"):  # corral's float32 and bfloat16 updates, each over every lib
+            if r not in libs:
+                continue
             for name, lib in libs.items():
                 for key in ("train_s", "to_target_s", "to_target_incl_compile_s"):
-                    a = libs[ref].get("to_target_s" if key == "to_target_incl_compile_s" else key, {}).get("median")
+                    a = libs[r].get("to_target_s" if key == "to_target_incl_compile_s" else key, {}).get("median")
                     b = lib.get(key, {}).get("median")
                     if a is not None and b:
-                        lib[f"{ref}/lib {key}"] = a / b
+                        lib[f"{r}/lib {key}"] = a / b
     return out
 
 
@@ -213,14 +218,14 @@ def evaluate(act, env_id: str) -> float:
     return eval_policy(act, env_id, episodes=EVAL_EPISODES, seed=EVAL_SEED)
 
 
-def work_corral(cell: Cell, seed: int, steps: int, args, zoo: bool = False) -> dict:
+def work_corral(cell: Cell, seed: int, steps: int, args, zoo: bool = False, bf16: bool = False) -> dict:
     import torch
 
     import corral
     from corral.train.learner import Learner
     from corral.train.setup import build_config
 
-    sets = [*cell.corral_sets, *args.sets]
+    sets = [*cell.corral_sets, *args.sets, *(["matmul=bfloat16"] if bf16 else [])]
     if zoo:
         from bench_ppo_cartpole import ZOO
         sets = [*ZOO, *sets]
@@ -407,8 +412,8 @@ def worker(args) -> None:
     torch.set_num_threads(args.threads)
     cell = CELLS[args.cell]
     steps = args.steps or cell.peer_steps.get(args.worker, cell.steps)
-    if args.worker in ("corral", "corral-zoo"):
-        out = work_corral(cell, args.seed, steps, args, zoo=args.worker == "corral-zoo")
+    if args.worker in ("corral", "corral-zoo", "corral-bf16"):
+        out = work_corral(cell, args.seed, steps, args, zoo=args.worker == "corral-zoo", bf16=args.worker == "corral-bf16")
     elif args.worker in ("sb3", "sbx"):
         out = work_sb3_like(cell, args.seed, steps, args.worker)
     elif args.worker == "purejaxrl":
@@ -466,8 +471,9 @@ def table(summary: dict, args) -> str:
         c = CELLS[cell]
         lines += [f"\n### {cell}: {c.algo} on {c.env}, {args.steps or c.steps} steps, {args.cores} core(s)", "",
                   "| lib | train s per seed | median | corral/lib | to target s per seed | median | corral/lib |"
-                  " reached | eval per seed | last-20 train return | compile s | to target incl. compile | corral/lib |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  " reached | eval per seed | last-20 train return | compile s | to target incl. compile | corral/lib |"
+                  " corral-bf16/lib |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for name, v in libs.items():
             def col(key, d=1):
                 per = v.get(key, {}).get("per_seed", {})
@@ -476,7 +482,8 @@ def table(summary: dict, args) -> str:
             lines.append(f"| {name} | {tr[0]} | {tr[1]} | {fmt(v.get('corral/lib train_s'), 3)} | {tt[0]} | {tt[1]} | "
                          f"{fmt(v.get('corral/lib to_target_s'), 3)} | {v['reached']} | {ev[0]} | "
                          f"{fmt(v.get('last20'))} | {col('compile_s')[1]} | {col('to_target_incl_compile_s')[1]} | "
-                         f"{fmt(v.get('corral/lib to_target_incl_compile_s'), 3)} |")
+                         f"{fmt(v.get('corral/lib to_target_incl_compile_s'), 3)} | "
+                         f"{fmt(v.get('corral-bf16/lib train_s'), 3)} |")
     return "\n".join(lines)
 
 
