@@ -18,7 +18,7 @@ from corral.kernels.mlp import (  # noqa: F401
     mlp_forward,
     plain_activations,
 )
-from corral.kernels.precision import baddbmm, linear
+from corral.kernels.precision import autocast_low, baddbmm, linear
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 ACTIVATION_FNS = {"tanh": torch.tanh, "relu": torch.relu, "elu": nn.functional.elu, "silu": nn.functional.silu}
@@ -176,7 +176,9 @@ class NatureCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
-        return self.fc(self.conv(x.float() * (1.0 / 255.0)))
+        with autocast_low(x.device.type):
+            h = self.fc(self.conv(x.float() * (1.0 / 255.0)))
+        return h.float()  # bfloat16 features of a bfloat16 update back to float32 (a no-op otherwise)
 
 
 class ParallelMLP(nn.Module):

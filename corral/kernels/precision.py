@@ -11,6 +11,9 @@ bfloat16 dot products (AVX512-BF16 or AMX: AMD Zen 4 and later, Intel Sapphire R
 later) a 256-wide matmul takes about half its float32 time; without them bfloat16 is
 emulated and slower, so ``check_matmul`` refuses it.
 
+Convolutional encoders (``NatureCNN``) run their whole stack under torch's autocast
+instead (``autocast_low``): convolutions are wide layers throughout.
+
 Only updates run under it (the learner enters it around ``algo.update``): acting,
 evaluation and exported policies multiply in float32."""
 
@@ -39,6 +42,15 @@ def update_matmul(name: str):
         yield
     finally:
         _low = saved
+
+
+def autocast_low(device_type: str):
+    """A convolutional encoder's forward inside a bfloat16 update: torch's autocast (convolutions
+    and their linear layer in bfloat16, float32 weights); a no-op context otherwise. The
+    encoder casts its features back to float32."""
+    if _low is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=_low)
 
 
 def low_dtype(weight: torch.Tensor) -> torch.dtype | None:
