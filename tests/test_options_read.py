@@ -8,7 +8,7 @@ follows ``self.x`` (resolved on the class, so an overridden method's parent vers
 reached), ``super().x`` (the next definition in the MRO), and the corral functions and
 classes a reached body names. A field counts as read where a reached body reads ``.field`` or
 ``getattr(..., "field")``; reads outside ``corral/algos`` (the learner, the schemes) count
-for every algorithm. IMPALA's ``gae_lambda`` is read in ``ppo_batch``, which IMPALA's own
+for every algorithm. IMPALA's ``gae_lambda`` is read in ``gae_batch``, which IMPALA's own
 ``prepare_batch`` never calls: that is what this test catches and a file-level scan does not.
 """
 
@@ -26,6 +26,7 @@ import pytest
 
 import corral.algos
 from corral.algos import ALGOS
+from corral.algos.a2c import A2C, A2CConfig
 from corral.algos.apex import ApexDQN, ApexDQNConfig, ApexTD3, ApexTD3Config
 from corral.algos.base import Algorithm
 from corral.algos.impala import IMPALA, IMPALAConfig
@@ -221,6 +222,16 @@ class _IMPALAWithGAE(IMPALA):
 
 
 @dataclass
+class _A2CWithPPOsOptionsConfig(A2CConfig):  # A2C as a PPO subclass had them, as fixed class attributes
+    n_epochs: int = option(1, "passes over each rollout")
+    clip_range: float = option(0.2, "surrogate clip range epsilon")
+
+
+class _A2CWithPPOsOptions(A2C):
+    Config = _A2CWithPPOsOptionsConfig
+
+
+@dataclass
 class _ApexDQNWithScheduleConfig(ApexDQNConfig):
     exploration_fraction: float = option(0.1, "fraction of the run over which epsilon decays")
 
@@ -240,7 +251,8 @@ class _ApexTD3WithNoise(ApexTD3):
 
 @pytest.mark.parametrize("cls, unread", [
     (_PPOWithUnreadKnob, ["unread_knob"]),
-    (_IMPALAWithGAE, ["gae_lambda", "clip_range_vf"]),  # read in ppo_batch / ppo_loss, not on IMPALA's path
+    (_IMPALAWithGAE, ["gae_lambda", "clip_range_vf"]),  # read in gae_batch / ppo_loss, not on IMPALA's path
+    (_A2CWithPPOsOptions, ["n_epochs", "clip_range"]),  # PPO's batcher and loss, not A2C's parts
     (_ApexDQNWithSchedule, ["exploration_fraction"]),  # read by DQN.epsilon, which ApexDQN overrides
     (_ApexTD3WithNoise, ["exploration_noise"]),  # read by TD3.explore, which ApexTD3 overrides
 ])
@@ -252,6 +264,15 @@ def test_the_check_names_an_option_nothing_reads(cls, unread):
     ("impala", "CartPole-v1", "gae_lambda"),
     ("appo", "CartPole-v1", "clip_range_vf"),
     ("impala_lstm", "CartPole-v1", "gae_lambda"),
+    ("a2c", "CartPole-v1", "clip_range"),  # the on-policy members take only their own parts' options
+    ("a2c", "CartPole-v1", "n_epochs"),
+    ("a2c", "CartPole-v1", "target_kl"),
+    ("reinforce", "CartPole-v1", "n_epochs"),
+    ("reinforce", "CartPole-v1", "gae_lambda"),
+    ("reinforce", "CartPole-v1", "normalize_reward"),
+    ("trpo", "Pendulum-v1", "clip_range"),
+    ("trpo", "Pendulum-v1", "ent_coef"),
+    ("trpo", "Pendulum-v1", "actor"),
     ("apex_dqn", "CartPole-v1", "exploration_fraction"),
     ("apex_rainbow", "CartPole-v1", "exploration_final_eps"),
     ("apex_rainbow", "CartPole-v1", "loss"),

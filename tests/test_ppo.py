@@ -316,21 +316,21 @@ def test_value_clipping_reaches_the_categorical_actor_critic():
 
 def ramp_learner(monkeypatch, **over):
     """PPO through the Learner on ``RampEnv`` (truncation every 3 steps), one env, one
-    8-step rollout; returns the learner and what ``ppo_batch`` got and gave at the update."""
-    import corral.algos.ppo as ppo_module
+    8-step rollout; returns the learner and what ``gae_batch`` got and gave at the update."""
+    import corral.algos.onpolicy as onpolicy_module
     from corral.train.learner import Learner
     from corral.train.setup import build_config
 
     seen = {}
-    real = ppo_module.ppo_batch
+    real = onpolicy_module.gae_batch
 
-    def spy(cfg, data, last_value):
+    def spy(cfg, data, last_value, whole):
         seen["data"] = type(data)(**{k: v.clone() for k, v in vars(data).items()})
         seen["last_value"] = last_value.clone()
-        seen["out"] = real(cfg, data, last_value)
+        seen["out"] = real(cfg, data, last_value, whole)
         return seen["out"]
 
-    monkeypatch.setattr(ppo_module, "ppo_batch", spy)
+    monkeypatch.setattr(onpolicy_module, "gae_batch", spy)
     overrides = {"env.num_envs": 1, "n_steps": 8, "batch_size": 8, "n_epochs": 1, "normalize_advantage": False,
                  "gamma": 0.9, "gae_lambda": 0.8, "eval.episodes": 0, "tensorboard": False, "progress": False,
                  "env.kwargs": {"limit": 3}, **over}

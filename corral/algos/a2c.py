@@ -1,13 +1,12 @@
 """A2C (Mnih et al. 2016, "Asynchronous Methods for Deep Reinforcement Learning", the
 synchronous variant) and the policy-gradient pieces REINFORCE shares (``corral.algos.reinforce``).
 
-A small diff over PPO: the same actor-critic (separate policy and value MLPs), rollout
-storage, ``explore``/``observe`` and update loop (``PPO.update``: schedules,
-``prepare_batch`` with GAE, ``train_minibatches``, ``finish``), run as one epoch over one
-minibatch that is the whole rollout, so gradient workers (``scheme.grad_workers``) and
-collectors work as for PPO. What differs is the loss (the plain policy gradient, no ratio
-and no clipping) and the optimizer (RMSprop with SB3's ``alpha=0.99, eps=1e-5`` by
-default). ``gae_lambda=1.0`` gives SB3's n-step returns: every step's return runs to the
+A member of the on-policy family (``corral.algos.onpolicy``): its actor-critic (separate
+policy and value MLPs), rollout storage, ``explore``/``observe``, GAE and update loop, with the
+loop's own batcher (one minibatch that is the whole rollout, once), so gradient workers
+(``scheme.grad_workers``) and collectors work as for PPO. A2C's parts are its loss (the plain
+policy gradient with the value regression, no ratio and no clipping) and its optimizer
+(RMSprop with SB3's ``alpha=0.99, eps=1e-5`` by default). ``gae_lambda=1.0`` gives SB3's n-step returns: every step's return runs to the
 rollout's end and bootstraps from V there (V(final_obs) where an episode was truncated,
 0 where it terminated).
 
@@ -20,23 +19,21 @@ them is the global gradient-norm clip, which scales both gradients by one factor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from corral.algos.ppo import PPO, actor_option, features_option, normalized, storage_option
-from corral.config import Activation, Schedule, option
+from corral.algos.onpolicy import OnPolicy, OnPolicyConfig, actor_option, make_user_actor, normalized
+from corral.config import option
 from corral.optim import FlatAdam, FlatRMSprop
 
 
 @dataclass
-class PolicyGradientConfig:
+class PolicyGradientConfig(OnPolicyConfig):
     """Options A2C and REINFORCE share."""
 
     lr: float = option(7e-4, "learning rate", gt=0)
-    lr_schedule: Schedule = option("constant", "constant, or linear (anneal to 0 over the run)")
-    gamma: float = option(0.99, "discount factor", ge=0, le=1)
     normalize_advantage: bool = option(False, "normalize the advantages over each batch")
     ent_coef: float = option(0.0, "entropy bonus coefficient", ge=0)
     vf_coef: float = option(0.5, "value loss coefficient", ge=0)
@@ -44,22 +41,7 @@ class PolicyGradientConfig:
     optimizer: Literal["rmsprop", "adam"] = option("rmsprop", "rmsprop (torch's, as SB3) or adam")
     rms_alpha: float = option(0.99, "RMSprop smoothing constant alpha", ge=0, lt=1)
     eps: float = option(1e-5, "RMSprop / Adam epsilon (SB3's rms_prop_eps)", gt=0)
-    hidden: tuple[int, ...] = option((64, 64), "hidden layer sizes of the policy and value MLPs", ge=1)
-    activation: Activation = option("tanh", "hidden activation: tanh, relu, elu, silu")
-    log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions)")
-    normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
-    features: str | None = features_option()
     actor: str | None = actor_option()
-    storage: str | None = storage_option()
-
-    # PPO's loop reads these; in the policy-gradient family they are fixed, not options:
-    # one epoch over one minibatch that is the whole batch, no clipping, no KL stop.
-    n_epochs: ClassVar[int] = 1
-    batch_size: ClassVar[int] = 0  # the whole rollout
-    clip_range: ClassVar[float] = 0.0
-    clip_schedule: ClassVar[str] = "constant"
-    clip_range_vf: ClassVar[None] = None
-    target_kl: ClassVar[None] = None
 
 
 @dataclass
@@ -70,11 +52,18 @@ class A2CConfig(PolicyGradientConfig):
     reward_clip: float = option(10.0, "clip scaled rewards to +-this (with normalize_reward)", gt=0)
 
 
-class A2C(PPO):
-    name = "a2c"
-    Config = A2CConfig
+class PolicyGradient(OnPolicy):
+    """The parts A2C and REINFORCE share: the user's ``actor`` class, the optimizer and the
+    policy-gradient loss; the batch is the loop's (one minibatch that is the whole rollout)."""
+
+    grad_sharding = "minibatches"
     STATS = ("pg_loss", "v_loss", "entropy")
-    KL = None  # no target-KL stop
+
+    def make_actor(self) -> torch.nn.Module:
+        """The user's ``actor`` class, else ``ActorCritic`` (``OnPolicy.make_actor``)."""
+        if self.cfg.actor is not None:
+            return make_user_actor(self.cfg, self.obs_space, self.act_space, self.name)
+        return super().make_actor()
 
     def make_optimizer(self):
         cfg = self.cfg
@@ -88,9 +77,9 @@ class A2C(PPO):
         """Weight of ``v_loss`` in the loss (REINFORCE without a baseline: 0)."""
         return self.cfg.vf_coef
 
-    def minibatch_loss(self, obs, actions, log_probs, values, adv, ret, clip: float, normalize_adv: bool):
+    def minibatch_loss(self, obs, actions, log_probs, values, adv, ret, param, normalize_adv: bool):
         """The policy-gradient loss: ``-A log pi(a|s)``, the value regression and the entropy
-        bonus (gradient workers call this too; ``log_probs``, ``values`` and ``clip`` are unused)."""
+        bonus (gradient workers call this too; ``log_probs``, ``values`` and ``param`` are unused)."""
         cfg = self.cfg
         if normalize_adv:
             adv = normalized(adv)
@@ -102,7 +91,10 @@ class A2C(PPO):
         stats = torch.stack([pg_loss.detach(), v_loss.detach(), entropy_loss.detach()])
         return loss, stats
 
-    def update(self, progress: float) -> dict[str, float]:
-        stats = super().update(progress)
-        del stats["clip_range"]  # there is none
-        return stats
+
+class A2C(PolicyGradient):
+    name = "a2c"
+    Config = A2CConfig
+
+    def reward_clip(self) -> float | None:
+        return self.cfg.reward_clip if self.cfg.normalize_reward else None

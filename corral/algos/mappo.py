@@ -29,7 +29,8 @@ import torch
 
 from corral.actors.multiagent import MultiAgentActorCritic
 from corral.algos.base import Step
-from corral.algos.ppo import PPO, PPOBatch, PPOConfig, PPOExtras, normalized, ppo_loss
+from corral.algos.onpolicy import PPOBatch, PPOExtras, normalized
+from corral.algos.ppo import PPO, PPOConfig, ppo_loss
 from corral.config import option
 from corral.envs.multiagent import require_layout
 from corral.errors import UserError

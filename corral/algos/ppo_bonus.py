@@ -32,7 +32,8 @@ import torch.nn.functional as F
 
 from corral.actors.actor_critic import ActorCritic
 from corral.algos.base import Step
-from corral.algos.ppo import PPO, PPOBatch, PPOConfig, make_extractor, normalized, ppo_loss
+from corral.algos.onpolicy import PPOBatch, make_extractor, normalized
+from corral.algos.ppo import PPO, PPOConfig, ppo_loss
 from corral.algos.recurrent_ppo import _Outputs
 from corral.config import option
 from corral.errors import UserError

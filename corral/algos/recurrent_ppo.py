@@ -21,7 +21,8 @@ import torch
 from corral.actors.recurrent import RecurrentActorCritic
 from corral.algos.base import Step
 from corral.algos.impala import IMPALA, IMPALAConfig
-from corral.algos.ppo import PPO, PPOBatch, PPOConfig, make_extractor, ppo_batch, ppo_loss
+from corral.algos.onpolicy import PPOBatch, gae_batch, make_extractor
+from corral.algos.ppo import PPO, PPOConfig, ppo_loss
 from corral.algos.recurrent import RecurrentColumns
 from corral.config import option
 from corral.errors import UserError
@@ -189,7 +190,8 @@ class RecurrentPPO(RecurrentActorCriticParts, PPO):
     def prepare_batch(self) -> RecurrentPPOBatch:
         data = self.storage.data
         data.final_values.copy_(self.truncation_values(data))
-        b, adv, ret, whole = ppo_batch(self.cfg, data, self.bootstrap_value(self._last_obs))
+        b, adv, ret, whole = gae_batch(self.cfg, data, self.bootstrap_value(self._last_obs),
+                                       self.whole_batch(data.rewards.numel()))
         rows, valid = self.rows, self.valid
         first = rows[0]  # each sequence's first flat row
         return RecurrentPPOBatch(b.obs, b.actions, b.log_probs, b.values, adv, ret, whole, rows=rows, valid=valid,

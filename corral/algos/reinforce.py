@@ -2,9 +2,10 @@
 connectionist reinforcement learning"), with reward-to-go returns and an optional learned
 baseline, discrete and continuous actions.
 
-A small diff over A2C (``corral.algos.a2c``): the same actor-critic, loss (``-A log pi``,
-value regression, entropy bonus), optimizers and update loop, with Monte-Carlo returns
-over whole episodes in place of n-step returns:
+A member of the on-policy family (``corral.algos.onpolicy``) with A2C's parts
+(``corral.algos.a2c.PolicyGradient``: the loss ``-A log pi``, value regression and entropy
+bonus, the optimizers), the loop's batcher (one minibatch, the whole batch), and its own
+returns and batches: Monte-Carlo returns over whole episodes in place of n-step returns:
 
 * **Batches of episodes.** Steps are stored until ``batch_episodes`` episodes have ended
   (summed over the envs) or the storage of ``n_steps`` per env is full. The update uses
@@ -31,13 +32,13 @@ The episode count is read on the host once per step (``ready``); REINFORCE runs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 
-from corral.algos.a2c import A2C, PolicyGradientConfig
+from corral.algos.a2c import PolicyGradient, PolicyGradientConfig
 from corral.algos.base import Step
-from corral.algos.ppo import PPOBatch, normalized
+from corral.algos.onpolicy import PPOBatch, normalized
 from corral.config import option
 from corral.errors import UserError
 from corral.returns import discounted_returns
@@ -56,12 +57,8 @@ class REINFORCEConfig(PolicyGradientConfig):
               "(off, or without the baseline: the return ends there)")
     normalize_advantage: bool = option(True, "normalize the advantages (returns without a baseline) over each batch")
 
-    gae_lambda: ClassVar[float] = 1.0  # Monte-Carlo returns
-    normalize_reward: ClassVar[bool] = False
-    reward_clip: ClassVar[float] = 10.0
 
-
-class REINFORCE(A2C):
+class REINFORCE(PolicyGradient):
     name = "reinforce"
     Config = REINFORCEConfig
 

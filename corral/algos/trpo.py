@@ -1,9 +1,9 @@
 """Trust Region Policy Optimization (Schulman, Levine, Moritz, Jordan and Abbeel 2015, "Trust
 Region Policy Optimization"), as sb3-contrib's TRPO runs it, discrete and continuous.
 
-A diff over PPO (``corral.algos.ppo``): the same actor-critic (separate policy and value MLPs,
-one batched module), rollout storage, GAE (``PPO.prepare_batch``), collectors and checkpoints.
-What differs is ``train_minibatches``, the update itself:
+A member of the on-policy family (``corral.algos.onpolicy``): its actor-critic (separate policy
+and value MLPs, one batched module), rollout storage, GAE (``OnPolicy.prepare_batch``), reward
+scaling, collectors and checkpoints. TRPO's part is ``train_minibatches``, the update itself:
 
 1. **Policy step.** On the rollout (every ``sub_sampling_factor``-th row), the surrogate
    ``L = mean(A ratio)`` and the mean ``KL(pi_old || pi)``. The natural gradient direction
@@ -29,26 +29,22 @@ product needs; the acting path keeps the fused one. No entropy bonus, no clippin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from corral.actors.actor_critic import ActorCritic
-from corral.algos.ppo import PPO, PPOBatch, features_option, make_extractor, normalized, storage_option
-from corral.config import Activation, Schedule, option
+from corral.algos.onpolicy import OnPolicy, OnPolicyConfig, PPOBatch, check_batch_size, normalized
+from corral.config import option
 from corral.nets import DiagGaussianHead
 from corral.optim import FlatAdam
 
 
 @dataclass
-class TRPOConfig:
+class TRPOConfig(OnPolicyConfig):
     n_steps: int = option(2048, "env steps per env per rollout", ge=1)
     batch_size: int = option(128, "minibatch size of the value fitting", ge=1)
     n_critic_updates: int = option(10, "epochs of value fitting (Adam) per rollout", ge=1)
     lr: float = option(1e-3, "Adam learning rate of the value fitting", gt=0)
-    lr_schedule: Schedule = option("constant", "constant, or linear (anneal to 0 over the run)")
-    gamma: float = option(0.99, "discount factor", ge=0, le=1)
     gae_lambda: float = option(0.95, "GAE lambda", ge=0, le=1)
     target_kl: float = option(0.01, "the trust region: the mean KL(old || new) on the batch after a step stays "
                                     "below this", gt=0)
@@ -61,22 +57,8 @@ class TRPOConfig:
                                          "all of them)", ge=1)
     normalize_advantage: bool = option(True, "normalize the advantages over the batch of the policy step")
     adam_eps: float = option(1e-5, "Adam epsilon", gt=0)
-    hidden: tuple[int, ...] = option((64, 64), "hidden layer sizes of the policy and value MLPs", ge=1)
-    activation: Activation = option("tanh", "hidden activation: tanh, relu, elu, silu")
-    log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions)")
-    normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
     normalize_reward: bool = option(False, "scale rewards by the running std of the discounted return")
     reward_clip: float = option(10.0, "clip scaled rewards to +-this (with normalize_reward)", gt=0)
-    features: str | None = features_option()
-    storage: str | None = storage_option()
-
-    # PPO's loop reads these; TRPO has no clipped surrogate, entropy bonus or gradient clip
-    n_epochs: ClassVar[int] = 1
-    clip_range: ClassVar[float] = 0.0
-    clip_schedule: ClassVar[str] = "constant"
-    clip_range_vf: ClassVar[None] = None
-    ent_coef: ClassVar[float] = 0.0
-    actor: ClassVar[None] = None  # TRPO steps its own ActorCritic's policy member
 
 
 def flat_grad(y: torch.Tensor, params: list[torch.Tensor], **kw) -> torch.Tensor:
@@ -117,14 +99,14 @@ def kl_divergence(head: torch.nn.Module, old: torch.Tensor, new: torch.Tensor) -
     return (old.exp() * (old - new)).sum(-1)
 
 
-class TRPO(PPO):
+class TRPO(OnPolicy):
     name = "trpo"
-    grad_sharding = None  # PPO's minibatch sharding does not cover this update
-    user_actor = False  # builds its own actor (make_actor)
     Config = TRPOConfig
     STATS = ("pg_loss", "v_loss", "entropy", "kl", "line_search_success")
 
     def __init__(self, cfg: TRPOConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
+        if role == "learner":
+            check_batch_size(self.name, cfg.batch_size, cfg.n_steps, num_envs)
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
         body = self.actor.body
         self._pi = torch.zeros(1, dtype=torch.long, device=device)  # the policy's member of the batched MLPs
@@ -136,15 +118,13 @@ class TRPO(PPO):
                 (torch.zeros_like(p).index_fill_(0, torch.tensor([1], device=device), 1.0) if id(p) in value_rows
                  else torch.zeros_like(p)).reshape(-1) for p in self.optimizer.params])
 
-    def make_actor(self) -> torch.nn.Module:
-        cfg = self.cfg
-        return ActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs,
-                           cfg.log_std_init, extractor=make_extractor(cfg.features, self.obs_space, self.name))
-
     def make_optimizer(self):
         """Adam for the value fitting (its gradient masked to the value network's weights); the
         policy moves by the natural-gradient step, written straight into the same flat buffer."""
         return FlatAdam(self.actor.parameters(), lr=self.cfg.lr, eps=self.cfg.adam_eps)
+
+    def reward_clip(self) -> float | None:
+        return self.cfg.reward_clip if self.cfg.normalize_reward else None
 
     # --- the policy step
     def policy_outputs(self, x: torch.Tensor) -> torch.Tensor:
@@ -180,7 +160,7 @@ class TRPO(PPO):
         cfg = self.cfg
         k = cfg.sub_sampling_factor
         obs, actions, old_log_probs, adv = (t[::k] for t in (batch.obs, batch.actions, batch.log_probs, batch.adv))
-        if cfg.normalize_advantage and (k > 1 or not batch.whole):  # else ppo_batch normalized the whole batch
+        if cfg.normalize_advantage and k > 1:  # else prepare_batch normalized the whole batch
             adv = normalized(adv)
         flat = self.optimizer.flat
         theta = flat.clone()
@@ -219,8 +199,8 @@ class TRPO(PPO):
         opt.step()
         return v_loss.detach()
 
-    def train_minibatches(self, batch: PPOBatch, clip: float):
-        """The policy step, then ``n_critic_updates`` epochs of value fitting; returns PPO's
+    def train_minibatches(self, batch: PPOBatch, param):
+        """The policy step, then ``n_critic_updates`` epochs of value fitting; returns the loop's
         ``(summed stats, evaluated, optimizer steps, extra metrics)``."""
         cfg = self.cfg
         stats = self.policy_step(batch)
@@ -238,7 +218,6 @@ class TRPO(PPO):
 
     def update(self, progress: float) -> dict[str, float]:
         stats = super().update(progress)
-        del stats["clip_range"]  # there is none
         if isinstance(self.actor.head, DiagGaussianHead):
             stats["std"] = float(self.actor.head.log_std.detach().exp().mean())
         return stats

@@ -33,7 +33,7 @@ import dataclasses
 
 import torch
 
-from corral.algos.ppo import PPO, PPOBatch
+from corral.algos.onpolicy import OnPolicy, PPOBatch
 from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
 from corral.storage.replay import ReplayBatch
@@ -167,9 +167,10 @@ def _average(results: list) -> tuple[torch.Tensor, torch.Tensor]:
     return grad, stats
 
 
-class ShardedPPO(PPO):
-    """PPO whose minibatch gradients come from a pool of gradient workers: the family's
-    update loop with ``minibatch_step`` (sync) or the whole minibatch pass (async) replaced."""
+class ShardedPPO(OnPolicy):
+    """An on-policy member (PPO, A2C, REINFORCE) whose minibatch gradients come from a pool of
+    gradient workers: the family's update loop with ``minibatch_step`` (sync) or the whole
+    minibatch pass (async) replaced."""
 
     pool = None
     mode = "sync"
