@@ -96,7 +96,6 @@ class MLP(nn.Sequential):
         return _MLPFunction.apply(x, self.act_name, acts, *params)
 
 
-
 def is_image_space(space) -> bool:
     """uint8 Box with 3 dims, channels first (Atari after frame stacking: 4x84x84) or
     last (CarRacing: 96x96x3), with sides the Nature CNN takes (36 or more). A smaller
@@ -243,8 +242,6 @@ class ParallelMLP(nn.Module):
             if act:
                 x = self.act(x)
         return x
-
-
 
 
 class CategoricalHead(nn.Module):
