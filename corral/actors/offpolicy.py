@@ -98,6 +98,15 @@ class QNetwork(nn.Module):
         replaces its normalizer, see ``ObsEncoder.forward``)."""
         return self(self.enc(obs, norm))
 
+    def chain(self):
+        """The net as one chain of linear layers for ``mlp_forward`` / ``mlp_backward``:
+        ``(params, acts, activation)``, or None where it is not one (dueling streams, an
+        encoder with weights of its own, an activation the chain does not write out)."""
+        if self.dueling or self.enc.trainable or self.body.act_name not in ("relu", "tanh"):
+            return None
+        plan = self.body._plan
+        return tuple(t for w, b, _ in plan for t in (w, b)), [a is not None for *_, a in plan], self.body.act_name
+
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True, generator=None) -> torch.Tensor:
         return self.q(obs).argmax(-1)

@@ -24,7 +24,6 @@ from corral.algos.dqn import DQN, DQNConfig
 from corral.config import option
 from corral.errors import UserError
 from corral.nets import mlp_backward, mlp_forward
-from corral.optim import FlatAdam
 
 
 def categorical_projection(next_probs: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
@@ -223,7 +222,6 @@ class QRDQN(DistributionalDQN):
         super().__init__(cfg, *args, **kw)
         N = cfg.n_quantiles
         self.taus = (torch.arange(N, device=self.device, dtype=torch.float32) + 0.5) / N  # (2i + 1) / 2N
-        self._chain = None  # see _direct_chain
 
     def make_q_network(self):
         return QuantileQNetwork(self.obs_space, int(self.act_space.n), self.cfg.n_quantiles, init=self.cfg.init,
@@ -267,29 +265,11 @@ class QRDQN(DistributionalDQN):
         a = batch.action
         return (a if a.dtype == torch.long else a.long()).view(-1, 1, 1).expand(-1, 1, self.cfg.n_quantiles)
 
-    # --- the step without autograd
-    def train_step(self, batch, shared=None):
-        chain = self._direct_chain()
-        if chain is None:
-            return super().train_step(batch, shared)
-        stats, td = self.direct_step(batch, shared, *chain)
-        self.after_step(stats)
-        return stats, td
-
-    def _direct_chain(self):
-        """The online net as one linear chain (``ZNetwork.chain``) when the step can run
-        without autograd: a plain MLP net (no dueling, noisy layers or CNN), one optimizer over
-        exactly its parameters, kappa > 0, no double; else None. Found once (the Parameter
-        objects never change)."""
-        if self._chain is None:
-            cfg, opt = self.cfg, self.optimizer
-            chain = None
-            if not (cfg.double or cfg.noisy or cfg.kappa <= 0) and isinstance(opt, FlatAdam):
-                chain = self.actor.chain()
-            if chain is not None and [id(p) for p in chain[0]] != [id(p) for p in opt.params]:
-                chain = None
-            self._chain = chain or False
-        return self._chain or None
+    # --- the step without autograd (DQN's train_step and _direct_chain drive it)
+    def direct_allowed(self) -> bool:
+        """A plain MLP net (no dueling, noisy layers or CNN: ``ZNetwork.chain``), kappa > 0, no double."""
+        cfg = self.cfg
+        return not (cfg.double or cfg.noisy or cfg.kappa <= 0)
 
     def direct_step(self, batch, shared, params, acts, act_name):
         """``phases``' gradient step with no autograd graph: the same forward, the quantile

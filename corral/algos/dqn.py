@@ -20,6 +20,8 @@ from corral.algos.base import Action
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.errors import UserError
+from corral.kernels.mlp import mlp_backward, mlp_forward
+from corral.optim import FlatAdam
 
 
 @dataclass
@@ -69,6 +71,7 @@ class DQN(OffPolicy):
         self.optimizer = self._optimizer(self.actor.parameters(), cfg.lr)
         self.n_actions = int(act_space.n)
         self._numpy_net = None  # see _acts_in_numpy
+        self._chain = None  # see _direct_chain
 
     def make_q_network(self) -> torch.nn.Module:
         """The online Q-network (the target is its copy). A distributional subclass returns
@@ -187,3 +190,54 @@ class DQN(OffPolicy):
         out = super().update(progress)
         out["epsilon"] = self.epsilon
         return out
+
+    # --- the step without autograd: ``phases`` is the readable step, ``direct_step`` the same
+    # numbers bit for bit where the net is one chain of linear layers (tests/test_value_family.py)
+    def direct_allowed(self) -> bool:
+        """Whether ``direct_step`` computes this config's step: a plain Q-network, the Huber
+        loss, no double or noisy nets (a variant with a loss or net of its own says no)."""
+        cfg = self.cfg
+        return isinstance(self.actor, QNetwork) and cfg.loss == "huber" and not (cfg.double or cfg.noisy)
+
+    def train_step(self, batch, shared=None):
+        chain = self._direct_chain()
+        if chain is None:
+            return super().train_step(batch, shared)
+        stats, td = self.direct_step(batch, shared, *chain)
+        self.after_step(stats)
+        return stats, td
+
+    def _direct_chain(self):
+        """The online net as one linear chain (``chain()``: ``(params, acts, activation)``) when
+        ``direct_allowed`` and one FlatAdam holds exactly its parameters; else None. Found once
+        (the Parameter objects never change)."""
+        if self._chain is None:
+            opt, chain = self.optimizer, None
+            if self.direct_allowed() and isinstance(opt, FlatAdam):
+                chain = self.actor.chain()
+            if chain is not None and [id(p) for p in chain[0]] != [id(p) for p in opt.params]:
+                chain = None
+            self._chain = chain or False
+        return self._chain or None
+
+    def direct_step(self, batch, shared, params, acts, act_name):
+        """``phases``' gradient step with no autograd graph: the same forward, the Huber loss's
+        gradient from ATen's own backward kernel on what autograd would feed it (the mean's
+        1 / B, times the PER weights), the chain's backward written out (``mlp_backward``)
+        straight into the optimizer's flat gradient, so no graph, engine or ``zero_grad``."""
+        net, cfg, B = self.actor, self.cfg, batch.obs.shape[0]
+        with torch.no_grad():
+            out, inputs = mlp_forward(batch.obs if net.enc.identity else net.enc(batch.obs), params, acts, act_name)
+            target = self.td_target(batch, shared, None)
+            index = batch.action.long().unsqueeze(-1)
+            q = out.gather(-1, index).squeeze(-1)
+            per_sample = F.smooth_l1_loss(q, target, reduction="none")
+            loss = (per_sample * batch.weights).mean() if cfg.prioritized else per_sample.mean()
+            grad = torch.ones_like(q).div_(B)
+            if cfg.prioritized:
+                grad = grad * batch.weights
+            grad = torch.ops.aten.smooth_l1_loss_backward(grad, q, target, 0, 1.0)  # reduction none, beta 1
+            g_out = out.new_zeros(out.shape).scatter_(-1, index, grad.unsqueeze(-1))
+            mlp_backward(g_out, params, acts, act_name, inputs, out, list(self.optimizer.grad_views))
+            self.optimizer.step()
+        return {"q_loss": loss, "q_mean": q.mean()}, ((q - target).abs() if cfg.prioritized else None)
