@@ -23,7 +23,7 @@ from corral.errors import TrainingError, UserError
 from corral.rng import RNGStreams
 from corral.schemes.collector import Collector, driver_paths
 from corral.schemes.fragments import FragmentScheme
-from corral.schemes.grad import LocalGradPool, ShardedPPO
+from corral.schemes.grad import LocalGradPool, ShardedPPO, sharded_class
 from corral.train.checkpoint import load_checkpoint
 from corral.train.learner import Learner
 from corral.train.setup import build_config, new_run_dir
@@ -173,7 +173,7 @@ def twin(L, cls):
 ])
 def test_averaged_shard_gradients_equal_the_single_process_gradient_in_process(overrides):
     L = filled_ppo(**overrides)
-    plain, sharded = twin(L, PPO), twin(L, ShardedPPO)
+    plain, sharded = twin(L, PPO), twin(L, sharded_class(L.algo))
     sharded.attach(LocalGradPool(L.cfg, 3, plain.obs_space, plain.act_space), "sync")
     s1, s2 = plain.update(0.3), sharded.update(0.3)
     # the last minibatch's (clipped) gradient, and the parameters after every step
@@ -187,7 +187,7 @@ def test_averaged_gradients_from_ray_workers_equal_the_single_process_gradient(r
     from corral.schemes.ray_scheme import RayGradPool
 
     L = filled_ppo(**{"ppo.batch_size": 128, "ppo.n_epochs": 1})
-    plain, sharded = twin(L, PPO), twin(L, ShardedPPO)
+    plain, sharded = twin(L, PPO), twin(L, sharded_class(L.algo))
     pool = RayGradPool(L.cfg, 2, plain.obs_space, plain.act_space, cpus=0.5)
     try:
         sharded.attach(pool, "sync")
@@ -201,7 +201,7 @@ def test_averaged_gradients_from_ray_workers_equal_the_single_process_gradient(r
 
 def test_async_gradients_are_applied_as_they_arrive_and_record_their_lag_in_process():
     L = filled_ppo(**{"ppo.batch_size": 64, "ppo.n_epochs": 2})
-    sharded = twin(L, ShardedPPO)
+    sharded = twin(L, sharded_class(L.algo))
     sharded.attach(LocalGradPool(L.cfg, 2, sharded.obs_space, sharded.act_space), "async")
     stats = sharded.update(0.0)
     assert stats["minibatches"] == 8
