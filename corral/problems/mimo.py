@@ -16,7 +16,7 @@ regularized ZF / MMSE (:func:`mmse`, ``(H^H H + K sigma^2 / P I)^-1 H^H``, equal
 and WMMSE (:func:`wmmse`, Shi, Razaviyayn, Luo, He 2011, from its update equations, with the
 power multiplier found by bisection; random, ZF and MMSE starts). corral's per-instance
 optimizer (:func:`ascend`) and the one-pass policy (:mod:`corral.problems.mimo_policy`) are
-compared against them by ``benchmarks/bench_mimo.py``; :func:`solve_mimo` runs any of them for
+compared against them by ``benchmarks/bench_mimo.py``; :func:`corral.problems.mimo_solve.solve_mimo` runs any of them for
 ``corral solve mimo``.
 """
 
@@ -28,7 +28,7 @@ import time
 import torch
 
 from corral.errors import UserError
-from corral.problems.base import InfeasibleSolution, Problem, Result
+from corral.problems.base import InfeasibleSolution, Problem
 
 LN2 = math.log(2.0)
 POWER_TOL = 1e-6  # relative slack of the power check (float rounding of a scaled beam set)
@@ -368,40 +368,6 @@ def load_mimo(spec: str) -> MimoProblem:
     s = parse_spec(spec)
     H = rayleigh(s["n"], s["k"], s["seed"])[0]
     return MimoProblem(H, s["snr"], name=f"rayleigh_N{s['n']}_K{s['k']}_snr{s['snr']:g}_s{s['seed']}")
-
-
-def solve_mimo(problem: MimoProblem, seconds: float, method: str = "corral", seed: int = 0,
-               batch: int = 32, train_steps: int = 4000) -> Result:
-    """One channel with ``method``: corral (WMMSE then :func:`ascend`, ``batch`` starts, stopped
-    at ``seconds``), wmmse, zf, mmse, policy (a :mod:`~corral.problems.mimo_policy` policy
-    trained for ``train_steps`` steps or ``seconds``, then one forward pass)."""
-    t0 = time.perf_counter()
-    H, P = problem.H.unsqueeze(0), problem.P
-    info: dict = {}
-    if method == "zf":
-        W = zero_forcing(H, P, problem.noise)
-    elif method == "mmse":
-        W = mmse(H, P, problem.noise)
-    elif method == "wmmse":
-        W = wmmse_restarts(H, P, restarts=max(0, batch - 2), seed=seed, noise=problem.noise)
-    elif method == "corral":
-        W = wmmse_restarts(H, P, restarts=8, seed=seed, noise=problem.noise)
-        W = ascend(H, P, starts=max(2, batch), seed=seed + 1, noise=problem.noise, init=W, deadline=t0 + seconds)
-    elif method == "policy":
-        from corral.problems.mimo_policy import train_policy
-
-        policy, info = train_policy(problem.n_antennas, problem.k, P, steps=train_steps, seconds=seconds,
-                                    seed=seed, noise=problem.noise)
-        t1 = time.perf_counter()
-        W = policy.act(H)
-        info["inference_ms"] = 1e3 * (time.perf_counter() - t1)
-    else:
-        raise UserError(f"unknown method {method!r} for mimo; choose one of: corral, wmmse, zf, mmse, policy")
-    solution = problem.export(W[0])
-    value = problem.check(solution)
-    spent = round(time.perf_counter() - t0, 3)
-    return Result(problem="mimo", instance=problem.name, method=method, sense="max", value=value,
-                  solution=solution, seconds=spent, time_to_best=spent, history=[(spent, value)], info=info)
 
 
 def write_beams(W: torch.Tensor, path) -> None:

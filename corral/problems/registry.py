@@ -88,7 +88,7 @@ def solve(kind: str, instance: str | Problem, seconds: float = 30.0, method: str
         raise UserError(f"the number of envs (chains) must be >= 1, got {batch}")
     problem = instance if isinstance(instance, Problem) else load_problem(kind, instance, device)
     if kind == "mimo":
-        from corral.problems.mimo import solve_mimo
+        from corral.problems.mimo_solve import solve_mimo
 
         result = solve_mimo(problem, seconds, method, seed=seed, batch=batch, **options)
     elif method == "mcpg":
