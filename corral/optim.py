@@ -54,6 +54,11 @@ class FlatAdam:
         # Adam's; the flag is this thread's, set and restored around the kernel.
         self.flush_denormal = flush_denormal and device.type == "cpu"
         self.steps = 0
+        # Capturable (``corral.algos.graphed``): the step count lives only in ``_step_t`` on the
+        # device, counted there, so a CUDA graph of the step replays it; ``steps`` is then stale
+        # and ``step_count`` reads the tensor. The fused kernel reads the same float32 count
+        # either way, so the two modes step bit for bit alike.
+        self.capturable = False
 
     def _bind(self) -> None:
         """Make every parameter a view of ``flat`` and its ``.grad`` a view of ``grad``."""
@@ -121,8 +126,7 @@ class FlatAdam:
             if self.max_grad_norm is not None:
                 norm = self.grad.norm()
                 scale = ((norm + 1e-6) / self.max_grad_norm).clamp_(min=1.0)
-            self.steps += 1
-            self._step_t.fill_(self.steps)
+            self._count()
             flush = self.flush_denormal and not denormals_flushed() and torch.set_flush_denormal(True)
             try:
                 torch._fused_adam_([self.flat], [self.grad], [self.exp_avg], [self.exp_avg_sq], [], [self._step_t],
@@ -133,17 +137,31 @@ class FlatAdam:
                     torch.set_flush_denormal(False)
             return norm
         norm = self.clip_grad_norm()
-        self.steps += 1
+        self._count()
+        steps = self.step_count  # a host read when capturable: this op-by-op path is never captured
         self.exp_avg.lerp_(self.grad, 1.0 - b1)
         self.exp_avg_sq.mul_(b2).addcmul_(self.grad, self.grad, value=1.0 - b2)
-        bias1 = 1.0 - b1**self.steps
-        bias2 = 1.0 - b2**self.steps
+        bias1 = 1.0 - b1**steps
+        bias2 = 1.0 - b2**steps
         denom = (self.exp_avg_sq.sqrt() / math.sqrt(bias2)).add_(self.eps)
         self.flat.addcdiv_(self.exp_avg, denom, value=-self.lr / bias1)
         return norm
 
+    def _count(self) -> None:
+        """One more step: on the host (and copied to ``_step_t``), or on the device alone when capturable."""
+        if self.capturable:
+            self._step_t.add_(1)
+        else:
+            self.steps += 1
+            self._step_t.fill_(self.steps)
+
+    @property
+    def step_count(self) -> int:
+        """Steps taken (a host read of the device count when capturable)."""
+        return int(self._step_t.item()) if self.capturable else self.steps
+
     def state_dict(self) -> dict:
-        return {"exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone(), "steps": self.steps,
+        return {"exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone(), "steps": self.step_count,
                 "lr": self.lr, "betas": list(self.betas), "eps": self.eps}
 
     def load_state_dict(self, state: dict) -> None:
@@ -152,6 +170,7 @@ class FlatAdam:
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
         self.steps = int(state["steps"])
+        self._step_t.fill_(self.steps)  # in place: a captured step reads this tensor
         self.lr, self.betas, self.eps = float(state["lr"]), tuple(state["betas"]), float(state["eps"])
 
 

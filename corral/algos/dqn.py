@@ -59,6 +59,7 @@ class DQN(OffPolicy):
     value_method = True
     networks = ("actor", "target")
     optimizers = ("optimizer",)
+    capturable = True
 
     def __init__(self, cfg: DQNConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         import gymnasium as gym

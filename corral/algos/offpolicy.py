@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from corral.actors.offpolicy import Critics
+from corral.algos import graphed
 from corral.algos.base import Algorithm, Step
 from corral.config import Activation, option
 from corral.envs.spaces import frame_stack_of
@@ -76,6 +77,9 @@ class OffPolicyConfig:
     max_grad_norm: float | None = option(None, "global gradient norm clip (None: off)", gt=0)
     adam_eps: float = option(1e-8, "Adam epsilon (torch's default; QR-DQN's paper: 0.01 / batch_size)", gt=0)
     save_replay: bool = option(True, "write the replay buffer into checkpoints (exact resume)")
+    cuda_graph: Literal["auto", "on", "off"] = option(
+        "auto", "capture the gradient step as a CUDA graph and replay it: auto (on a CUDA device, where the algorithm "
+                "and options allow: uniform replay, a capturable step), on (refused where it cannot apply), off")
 
 
 class OffPolicy(Algorithm):
@@ -85,6 +89,9 @@ class OffPolicy(Algorithm):
     # the transition replay of _make_replay, whose storage `replay` may name (HER, ...); False where a
     # class keeps its own (sequences)
     replay_by_name: ClassVar[bool] = True
+    # the gradient step can be captured as a CUDA graph (corral.algos.graphed): no host reads in
+    # ``phases`` / ``after_step``, their host branches named by ``graph_key``, no global RNG
+    capturable: ClassVar[bool] = False
 
     def __init__(self, cfg: OffPolicyConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
@@ -97,6 +104,8 @@ class OffPolicy(Algorithm):
             raise UserError(f"{self.name} keeps its own replay (a server, or sequences); {self.name}.replay="
                             f"{cfg.replay!r} is for the replay algorithms that learn in one process (sac, td3, dqn, ...)")
         self.replay = self._make_replay() if self.stores else None
+        graphed.check(self)
+        self._graphed: graphed.GraphedStep | None | bool = False  # False: not made yet (optimizers come later)
 
     def unfilled_bytes(self) -> int:
         replay = self.replay
@@ -195,9 +204,24 @@ class OffPolicy(Algorithm):
     def after_step(self, stats: dict[str, torch.Tensor]) -> None:
         """What a gradient step does besides optimizer steps (targets); before ``grad_steps`` counts it."""
 
+    def graph_key(self) -> tuple:
+        """The host decisions that pick which ops the next gradient step runs (SAC: whether the
+        actor steps, whether the targets move); a captured graph per value (``capturable``)."""
+        return ()
+
+    def _step_fn(self):
+        """The learner's gradient step: the graphed one where ``cuda_graph`` applies, else ``train_step``."""
+        if self._graphed is False:
+            self._graphed = graphed.make(self)
+        return self._graphed or self.train_step
+
     def train_step(self, batch: ReplayBatch, shared: torch.Tensor | None = None):
         """One gradient step; returns (metrics as 0-dim tensors, new |TD errors| for PER or None)."""
-        noise = self.draw_noise(batch.obs.shape[0])
+        return self.run_step(batch, self.draw_noise(batch.obs.shape[0]), shared)
+
+    def run_step(self, batch: ReplayBatch, noise: dict[str, torch.Tensor], shared: torch.Tensor | None = None):
+        """One gradient step with its noise drawn: the phases driven, then ``after_step`` (what a
+        CUDA graph captures, ``corral.algos.graphed``)."""
         stats, td = drive(self.phases(batch, noise, shared), self._step_optimizer)
         self.after_step(stats)
         return stats, td
@@ -285,13 +309,14 @@ class OffPolicy(Algorithm):
         steps = cfg.gradient_steps if cfg.gradient_steps > 0 else self._since_update
         self._since_update = 0
         cols: dict[str, list[torch.Tensor]] = {}
+        train_step = self._step_fn()
         for group in self._groups(steps):
             with torch.no_grad():
                 shared = self.shared_targets(group)
             batches = group.split(cfg.batch_size) if group.obs.shape[0] > cfg.batch_size else (group,)
             for i, batch in enumerate(batches):
                 rows = None if shared is None else shared[i * cfg.batch_size:(i + 1) * cfg.batch_size]
-                stats, td = self.train_step(batch, rows)
+                stats, td = train_step(batch, rows)
                 if td is not None and cfg.prioritized:
                     try:
                         self.replay.update_priorities(batch.indices, td)

@@ -35,6 +35,7 @@ class SAC(ActorCriticOffPolicy):
     networks = ("actor", "critics", "critics_target")
     optimizers = ("actor_opt", "critic_opt", "alpha_opt")
     free_params = ("log_alpha",)
+    capturable = True
 
     def __init__(self, cfg: SACConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         self.check_action_space(act_space)
@@ -145,6 +146,12 @@ class SAC(ActorCriticOffPolicy):
                 yield self.alpha_opt, alpha_loss
         return stats, td
 
+    def _target_step(self) -> bool:
+        return (self.grad_steps + 1) % self.cfg.target_update_interval == 0
+
+    def graph_key(self):
+        return self._actor_step(), self._target_step()
+
     def after_step(self, stats):
-        if (self.grad_steps + 1) % self.cfg.target_update_interval == 0:
+        if self._target_step():
             self.polyak(self.critics_target, self.critics, self.cfg.tau, self._pairs)

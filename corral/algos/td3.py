@@ -41,13 +41,20 @@ class DelayedActor:
     def _actor_step(self) -> bool:
         return (self.grad_steps + 1) % self.cfg.policy_delay == 0
 
+    def graph_key(self):
+        return self._actor_step(), self._last_actor_loss is None
+
     def after_step(self, stats):
         if "actor_loss" in stats:
             self.polyak(self.critics_target, self.critics, self.cfg.tau, self._pairs)
             self.polyak(self.actor_target, self.actor, self.cfg.tau, self._pairs)
-            self._last_actor_loss = stats["actor_loss"]
+            # kept in one tensor, written in place: a captured critic-only step reads it at replay
+            if self._last_actor_loss is None:
+                self._last_actor_loss = stats["actor_loss"].clone()
+            else:
+                self._last_actor_loss.copy_(stats["actor_loss"])
         elif self._last_actor_loss is not None:
-            stats["actor_loss"] = self._last_actor_loss
+            stats["actor_loss"] = self._last_actor_loss.clone()
 
 
 class TD3(DelayedActor, ActorCriticOffPolicy):
@@ -55,6 +62,7 @@ class TD3(DelayedActor, ActorCriticOffPolicy):
     Config = TD3Config
     networks = ("actor", "critics", "actor_target", "critics_target")
     optimizers = ("actor_opt", "critic_opt")
+    capturable = True
 
     def __init__(self, cfg: TD3Config, obs_space, act_space, num_envs, device, rng, role="learner"):
         if not isinstance(act_space, gym.spaces.Box):

@@ -247,6 +247,7 @@ class ShardedOffPolicy:
 
     pool = None
     mode = "sync"
+    capturable = False  # its steps run on the workers: no CUDA graph of them (corral.algos.graphed)
 
     def attach(self, pool, mode: str) -> None:
         self.pool, self.mode = pool, mode
