@@ -8,9 +8,15 @@ is how EnvPool continues the game after a lost life, as it would on its own.
 
 Only ids EnvPool implements work here (``envpool.list_all_envs()``); Atari ids
 (``Pong``, ``ALE/Pong-v5``, ``Pong-v5``) get EnvPool's own preprocessing configured like
-:class:`corral.envs.atari.AtariOptions` (sticky actions 0.25 as in ALE v5). EnvPool's
+:class:`corral.envs.atari.AtariOptions` (sticky actions 0.25 as in ALE v5 unless
+``env.repeat_action_probability`` says otherwise; EnvPool's own default, which CleanRL's
+``ppo_atari_envpool.py`` runs, is 0). Observations, rewards and flags have the sync backend's
+layout and scale (uint8 ``[4, 84, 84]``, clipped rewards in training, a lost life
+``terminated`` without a finished episode, the raw score in ``episode_return``). EnvPool's
 physics and random streams are its own: the same seed gives other episodes than the
-Gymnasium envs of the sync backend.
+Gymnasium envs of the sync backend, and its details differ slightly (no-ops drawn from
+0 .. noop_max - 1, its own FIRE-on-reset steps: on Pong with no no-ops and no sticky actions
+its frames run two agent steps behind the sync backend's).
 """
 
 from __future__ import annotations
@@ -53,6 +59,22 @@ def resolve_envpool_id(spec: str, envpool: Any) -> tuple[str, bool]:
     raise UserError(f"EnvPool has no env {spec!r}{hint}; other envs run on backend 'sync' or 'subproc'")
 
 
+def _action_one_is_fire(task: str) -> bool:
+    """Whether action 1 of Atari game ``task`` (``Breakout-v5``) is FIRE, from ale-py's action set
+    (False without ale-py: then only EnvPool's FIRE on reset)."""
+    from corral.envs.atari import needs_fire, register_ale
+
+    if not register_ale():
+        return False
+    import gymnasium as gym
+
+    env = gym.make(f"ALE/{task}")
+    try:
+        return needs_fire(env)
+    finally:
+        env.close()
+
+
 class EnvPoolVecEnv(HostVecEnv):
     """``num_envs`` EnvPool envs, synchronous (the whole batch each step)."""
 
@@ -74,7 +96,7 @@ class EnvPoolVecEnv(HostVecEnv):
         envpool = _import_envpool()
         task, atari = resolve_envpool_id(spec, envpool)
         options: dict[str, Any] = dict(kwargs or {})
-        self._episodic_life = False
+        self._episodic_life = self._fire_after_lost_life = self._fire_on_reset = False
         if atari:
             from corral.envs.atari import atari_options
 
@@ -84,13 +106,23 @@ class EnvPoolVecEnv(HostVecEnv):
             if "frameskip" in options:
                 o.frame_skip = int(options.pop("frameskip"))
             defaults = {
-                "noop_max": o.noop_max, "frame_skip": o.frame_skip, "img_height": o.screen_size,
+                # EnvPool draws 0 .. noop_max - 1 no-ops (Gymnasium's AtariPreprocessing 1 .. noop_max)
+                # and crashes (SIGSEGV) on noop_max 0; its 1 is "no no-ops", corral's 0
+                "noop_max": max(1, o.noop_max), "frame_skip": o.frame_skip, "img_height": o.screen_size,
                 "img_width": o.screen_size, "gray_scale": o.grayscale, "stack_num": o.frame_stack,
                 "episodic_life": o.episodic_life, "reward_clip": o.clip_rewards, "use_fire_reset": o.fire_reset,
                 "repeat_action_probability": 0.25,
             }
             options = {**defaults, **options}
             self._episodic_life = bool(options["episodic_life"])
+            # EnvPool presses FIRE on reset only, and under sticky actions its press does not launch
+            # Breakout's ball (EnvPool 1.2.5): a policy that never fires would wait until the episode
+            # cap. corral presses FIRE itself where EnvPool does not, as FireReset does on the sync
+            # backend: after a lost life without episodic life (evaluation), and on every (re)start
+            # under sticky actions.
+            fire = bool(options["use_fire_reset"]) and _action_one_is_fire(task)
+            self._fire_after_lost_life = fire and not self._episodic_life
+            self._fire_on_reset = fire and float(options["repeat_action_probability"]) > 0
         self._envpool, self._task, self._options, self._atari = envpool, task, options, atari
         self._num_threads = num_threads
         self._n = num_envs
@@ -104,6 +136,7 @@ class EnvPoolVecEnv(HostVecEnv):
                          strict)
         self._ep_ret = np.zeros(num_envs, dtype=np.float64)
         self._ep_len = np.zeros(num_envs, dtype=np.int64)
+        self._lives = np.zeros(num_envs, dtype=np.int64)
         self.restarts = 0
         self.copyable = False
 
@@ -124,7 +157,12 @@ class EnvPoolVecEnv(HostVecEnv):
     def _reset_arrays(self, seed):
         if seed is not None:  # EnvPool seeds env i with seed + i when the pool is made
             self._make(int(seed))
-        obs, _ = self._pool.reset()
+        obs, info = self._pool.reset()
+        if self._atari:
+            self._lives[info["env_id"]] = info["lives"]
+        if self._fire_on_reset:
+            obs = np.array(obs)
+            self._press_fire(np.arange(self._n), obs)
         self._ep_ret[:] = 0.0
         self._ep_len[:] = 0
         return obs
@@ -134,6 +172,19 @@ class EnvPoolVecEnv(HostVecEnv):
             obs, rew, term, trunc, info = self._pool.step(acts)
         except Exception as e:
             raise EnvError(f"env {self.env_id!r} (EnvPool) raised at vector step {self.steps}: {type(e).__name__}: {e}") from e
+        if self._fire_after_lost_life:
+            lost = np.nonzero((np.asarray(info["lives"]) < self._lives) & ~(term | trunc))[0]
+            if len(lost):
+                obs, rew, term, trunc = np.array(obs), np.array(rew), np.array(term), np.array(trunc)
+                info = {**info, "reward": np.array(info["reward"]), "terminated": np.array(info["terminated"])}
+                order, f_rew, f_term, f_trunc, f_info = self._press_fire(lost, obs)
+                rew[order] += f_rew
+                term[order] |= f_term
+                trunc[order] |= f_trunc
+                info["reward"][order] += f_info["reward"]
+                info["terminated"][order] = f_info["terminated"]
+        if self._atari:
+            self._lives[info["env_id"]] = info["lives"]
         raw = info["reward"] if self._atari else rew
         self._ep_ret += raw
         self._ep_len += 1
@@ -159,7 +210,21 @@ class EnvPoolVecEnv(HostVecEnv):
             obs[order] = new_obs
             if self._atari:
                 self._ep_ret[order] += new_info["reward"]
+                self._lives[order] = new_info["lives"]
+            if self._fire_on_reset:
+                order, _, _, _, f_info = self._press_fire(ids, obs)
+                self._ep_ret[order] += f_info["reward"]
         return obs, finals, rew, term, trunc, episodes
+
+    def _press_fire(self, ids: np.ndarray, obs: np.ndarray):
+        """One FIRE step of envs ``ids``; their observations in ``obs`` (writable) become its own.
+        Returns the envs' order and the step's reward, flags and info."""
+        fire = np.ones(len(ids), dtype=np.int32)
+        f_obs, f_rew, f_term, f_trunc, f_info = self._pool.step(fire, ids.astype(np.int32))
+        order = f_info["env_id"]
+        obs[order] = f_obs
+        self._lives[order] = f_info["lives"]
+        return order, f_rew, f_term, f_trunc, f_info
 
     def state_dict(self) -> dict[str, Any]:
         return tree_to_torch({"copyable": False, "steps": self.steps, "ep_ret": self._ep_ret.copy(),
