@@ -413,51 +413,21 @@ def test_fused_quantile_huber_matches_the_formula_for_qrdqn_and_iqn_shapes():
             assert torch.allclose(p1.grad, p2.grad, atol=1e-10)
 
 
-@pytest.mark.parametrize("options", [
-    {},
-    {"prioritized": True, "normalize_obs": True},
-    {"activation": "tanh", "max_grad_norm": 0.5, "hidden": (24,), "n_quantiles": 7, "batch_size": 48},
-])
-def test_qrdqn_step_without_autograd_matches_the_autograd_step_bit_for_bit(options):
-    """QR-DQN's direct step (``direct_step``: the quantile Huber gradient formed with its values,
-    the MLP's backward written out into FlatAdam's flat gradient, no zero_grad) against the same
-    step driven through ``phases`` and ``loss.backward()``: the same losses, priorities and
-    parameters after every one of 12 steps, including the optimizer's moments."""
-    kw = dict(learning_starts=0, batch_size=32, hidden=(32, 32), lr=3e-3, n_quantiles=10)
-    kw.update(options)
-    fast = make("qrdqn", "CartPole-v1", **kw)
-    slow = make("qrdqn", "CartPole-v1", **kw)
-    assert fast._direct_chain() is not None
-    slow._chain = False  # drive this one through phases and autograd
-    for a in (fast, slow):
-        fill(a, 100, 4, None)
-    B = kw["batch_size"]
-    for step in range(12):
-        batch = fast.replay.sample(B)
-        slow.replay.sample(B)  # the same draws on both
-        shared = fast.shared_targets(batch)
-        s_fast, td_fast = fast.train_step(batch, shared)
-        s_slow, td_slow = slow.train_step(batch, shared)
-        assert torch.equal(s_fast["q_loss"], s_slow["q_loss"]) and torch.equal(s_fast["q_mean"], s_slow["q_mean"])
-        assert (td_fast is None) == (td_slow is None) and (td_fast is None or torch.equal(td_fast, td_slow))
-        for p, q in zip(fast.actor.parameters(), slow.actor.parameters()):
-            assert torch.equal(p, q), f"step {step}: parameters differ"
-    assert torch.equal(fast.optimizer.exp_avg, slow.optimizer.exp_avg)
-    assert torch.equal(fast.optimizer.exp_avg_sq, slow.optimizer.exp_avg_sq)
-    assert not torch.equal(fast.optimizer.exp_avg, torch.zeros_like(fast.optimizer.exp_avg))
-
-
 @pytest.mark.parametrize("algo_name,options", [
+    ("qrdqn", {"n_quantiles": 10}),
+    ("qrdqn", {"n_quantiles": 10, "prioritized": True, "normalize_obs": True}),
+    ("qrdqn", {"activation": "tanh", "max_grad_norm": 0.5, "hidden": (24,), "n_quantiles": 7, "batch_size": 48}),
     ("dqn", {}),
     ("dqn", {"prioritized": True, "normalize_obs": True}),
     ("dqn", {"activation": "tanh", "max_grad_norm": 0.5, "hidden": (24,), "batch_size": 48}),
     ("mdqn", {}),
 ])
-def test_dqn_step_without_autograd_matches_the_autograd_step_bit_for_bit(algo_name, options):
-    """DQN's direct step (the Huber gradient from ATen's backward kernel, the MLP's backward
-    written out into FlatAdam's flat gradient) against the same step through ``phases`` and
-    ``loss.backward()``: the same losses, priorities, parameters and optimizer moments after
-    every one of 12 steps. M-DQN shares it (its own targets, DQN's loss)."""
+def test_step_without_autograd_matches_the_autograd_step_bit_for_bit(algo_name, options):
+    """The value family's direct step (``direct_step``: QR-DQN's quantile Huber or DQN's Huber
+    gradient formed with its values, the MLP's backward written out into FlatAdam's flat
+    gradient, no zero_grad) against the same step driven through ``phases`` and
+    ``loss.backward()``: the same losses, priorities and parameters after every one of 12
+    steps, including the optimizer's moments. M-DQN shares DQN's (its own targets)."""
     kw = dict(learning_starts=0, batch_size=32, hidden=(32, 32), lr=3e-3)
     kw.update(options)
     fast = make(algo_name, "CartPole-v1", **kw)
@@ -479,6 +449,7 @@ def test_dqn_step_without_autograd_matches_the_autograd_step_bit_for_bit(algo_na
             assert torch.equal(p, q), f"step {step}: parameters differ"
     assert torch.equal(fast.optimizer.exp_avg, slow.optimizer.exp_avg)
     assert torch.equal(fast.optimizer.exp_avg_sq, slow.optimizer.exp_avg_sq)
+    assert not torch.equal(fast.optimizer.exp_avg, torch.zeros_like(fast.optimizer.exp_avg))
 
 
 @pytest.mark.parametrize("options", [{"dueling": True}, {"noisy": True}, {"double": True}, {"loss": "mse"}])
