@@ -323,10 +323,11 @@ class Algorithm:
         return [getattr(self, name) for name in self.networks]
 
     def declared_optimizers(self) -> list:
-        """Every optimizer that exists, in declaration order (gradient workers name them by index)."""
+        """Every optimizer that exists, in declaration order (gradient workers name them by index).
+        One not built yet is left out (a base class's ``__init__`` runs before its subclass builds them)."""
         if not self.learns:
             return []
-        return [opt for opt in (getattr(self, name) for name in self.optimizers) if opt is not None]
+        return [opt for opt in (getattr(self, name, None) for name in self.optimizers) if opt is not None]
 
     def synced_tensors(self) -> list[torch.Tensor]:
         """Every tensor a gradient step reads: parameters and buffers of all networks

@@ -52,8 +52,7 @@ def refusal(algo) -> str | None:
         return "prioritized replay samples each step from the priorities the previous step wrote (a host round trip)"
     if not _FUSED:
         return f"torch {torch.__version__} has no fused Adam kernel (torch 2.4 or later)"
-    opts = [getattr(algo, name, None) for name in algo.optimizers]  # None: not built yet
-    if any(opt is not None and not isinstance(opt, FlatAdam) for opt in opts):
+    if any(not isinstance(opt, FlatAdam) for opt in algo.declared_optimizers()):
         return "its optimizers are not FlatAdam"
     return None
 
@@ -93,7 +92,7 @@ class GraphedStep:
 
     def __init__(self, algo, capture: bool = True):
         self.algo, self.capture = algo, capture
-        self.opts = [opt for opt in (getattr(algo, name) for name in algo.optimizers) if opt is not None]
+        self.opts = algo.declared_optimizers()
         for opt in self.opts:
             opt.capturable = True
         self.batch = None
