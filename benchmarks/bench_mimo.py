@@ -18,7 +18,7 @@ Methods (each batched over the 100 channels; ms per channel = the batch's time /
            steps (or --train-seconds, whichever ends first) on fresh channels; time = inference
            only (batched, and one channel at a time); training seconds reported apart
 
-    python benchmarks/bench_mimo.py --out benchmarks/results/mimo/bench_mimo.json
+    python benchmarks/bench_mimo.py --out benchmarks/data/bench_mimo.json
     python benchmarks/bench_mimo.py --sizes 4 --snrs 10 --train-steps 300   # a quick look
 """
 

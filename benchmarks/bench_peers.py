@@ -40,14 +40,14 @@ The measurement (a quiet machine; one pinned core, then both cores)::
 
     P="--peer-python /work/peers/.venv/bin/python --purejaxrl-dir /work/peers/purejaxrl"
     python benchmarks/bench_peers.py $P --cells sac-pendulum tqc-pendulum dqn-cartpole ppo-cartpole \\
-        --seeds 0 1 2 --json benchmarks/results/peers_1core.json
+        --seeds 0 1 2 --json benchmarks/data/peers_1core.json
     python benchmarks/bench_peers.py $P --cells sac-halfcheetah tqc-halfcheetah \\
-        --seeds 0 1 2 --json benchmarks/results/peers_1core_mujoco.json
-    python benchmarks/bench_peers.py $P --cores 2 --seeds 0 1 2 --json benchmarks/results/peers_2core.json
+        --seeds 0 1 2 --json benchmarks/data/peers_1core_mujoco.json
+    python benchmarks/bench_peers.py $P --cores 2 --seeds 0 1 2 --json benchmarks/data/peers_2core.json
     # CleanRL's and LeanRL's cells (eval: none, their scripts keep no policy; last-20 training return instead)
     python benchmarks/bench_peers.py --script-python /work/peers/.venv-cleanrl/bin/python \\
         --cleanrl-dir /work/peers/cleanrl --leanrl-dir /work/peers/LeanRL --libs corral cleanrl leanrl \\
-        --seeds 0 1 2 --json benchmarks/results/peers_1core_cleanrl.json
+        --seeds 0 1 2 --json benchmarks/data/peers_1core_cleanrl.json
 
 A check that every cell runs end to end (tiny budgets, one seed, one round)::
 
