@@ -67,6 +67,9 @@ class EnvConfig:
     repeat_action_probability: float | None = option(
         None, "Atari sticky actions: the chance the previous action repeats (None: the game's own, 0.25 in ALE v5)",
         ge=0, le=1)
+    pixels: dict = option(
+        {}, "multi-agent envs whose agents observe images (PettingZoo's butterfly): {size: 84, grey: true, stack: 4}, "
+            "frames resized to size x size, grey, the last `stack` stacked, stored as uint8 (docs/multiagent.md)")
 
 
 @dataclass
@@ -459,7 +462,7 @@ def parse_set(items: list[str]) -> list[tuple[str, Any]]:
 def resolve_key(cfg: TrainConfig, key: str, valid: list[str] | None = None) -> str:
     """The dotted path ``key`` names: itself, a bare field name, or another library's name."""
     valid = all_keys(cfg) if valid is None else valid
-    if key in valid or key.startswith("env.kwargs."):
+    if key in valid or key.startswith(("env.kwargs.", "env.pixels.")):
         return key
     section, _, leaf = key.rpartition(".")
     if section and f"{cfg.algo}.{leaf}" in valid and section in _family(cfg.algo):
@@ -505,8 +508,8 @@ def apply_set(cfg: TrainConfig, pairs: list[tuple[str, Any]]) -> None:
         target, prefix = cfg, ""
         if parts[0] == cfg.algo and cfg.algo_cfg is not None:
             target, prefix, parts = cfg.algo_cfg, cfg.algo + ".", parts[1:]
-        if parts[:2] == ["env", "kwargs"] and len(parts) > 2:
-            cfg.env.kwargs[".".join(parts[2:])] = value
+        if parts[:2] in (["env", "kwargs"], ["env", "pixels"]) and len(parts) > 2:
+            getattr(cfg.env, parts[1])[".".join(parts[2:])] = value  # one entry of the mapping
             continue
         node = {parts[-1]: value}
         for p in reversed(parts[:-1]):

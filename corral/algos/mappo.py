@@ -28,7 +28,9 @@ import numpy as np
 import torch
 
 from corral.actors.multiagent import MultiAgentActorCritic
+from corral.actors.pixel_agents import OnFrames, PixelAgentsActorCritic
 from corral.algos.base import Step
+from corral.algos.mappo_pixels import check_pixel_run
 from corral.algos.onpolicy import PPOBatch, PPOExtras, normalized
 from corral.algos.ppo import PPO, PPOConfig, ppo_loss
 from corral.config import option
@@ -72,14 +74,23 @@ class MAPPO(PPO):
             if getattr(cfg, key):
                 raise UserError(f"{type(self).name}.{key} is not built for multi-agent actors; leave it unset")
         self.layout = layout
+        self.pixels = layout.pixels  # image observations: the CNN actor, rows point into self.frames
+        self.memory_estimate = check_pixel_run(type(self).name, cfg, layout, num_envs, role, torch.device(device)) \
+            if self.pixels else None
         # N envs of A agents: N * A rollout columns (env-major)
         super().__init__(cfg, obs_space, act_space, num_envs * layout.n_agents, device, rng, role)
         self.env_columns = num_envs  # what it was built with
         self.present = torch.zeros(cfg.n_steps, self.num_envs, dtype=torch.bool, device=device) if self.stores \
             else None
+        # pixel envs: the rollout's packed uint8 steps, each stored once ([T * N, F]); rows point into it
+        self.frames = torch.zeros(cfg.n_steps * num_envs, layout.size, dtype=torch.uint8, device=device) \
+            if self.pixels and self.stores else None
 
     def make_actor(self):
         cfg = self.cfg
+        if self.layout.pixels:
+            return PixelAgentsActorCritic(self.layout, cfg.centralized_value, cfg.agent_id, tuple(cfg.hidden),
+                                          cfg.activation, cfg.log_std_init, cfg.value_norm, cfg.value_norm_beta)
         return MultiAgentActorCritic(self.layout, cfg.centralized_value, cfg.agent_id, tuple(cfg.hidden),
                                      cfg.activation, cfg.log_std_init, cfg.value_norm, cfg.value_norm_beta,
                                      cfg.share_params)
@@ -87,6 +98,13 @@ class MAPPO(PPO):
     # --- acting and storing
     def explore(self, obs):
         env_action, action, log_prob, value, x = self.actor.explore(obs, self.rng["action"])
+        if self.pixels:  # the packed step stored once; the rows point into it
+            if self.frames is None:
+                raise UserError(f"{self.name} on a pixel env collects in the learner's process: leave "
+                                "scheme.collectors at 1")
+            t, N = self.storage.step, self.env_columns
+            self.frames[t * N:(t + 1) * N].copy_(obs)
+            x = PixelAgentsActorCritic.pointer_rows(t, N, self.layout.n_agents, self.device)
         return env_action, PPOExtras(action, log_prob, value, x)
 
     def observe(self, step: Step):
@@ -104,13 +122,24 @@ class MAPPO(PPO):
         if step.env_truncated is not None:  # a collector's fragment ends here: every column bootstraps
             truncated = truncated | (step.truncated.repeat_interleave(self.layout.n_agents) & present)
         self.present[self.storage.step] = present
-        self.storage.add(obs=ex.x, actions=ex.action, log_probs=ex.log_prob, values=ex.value, rewards=reward,
-                         terminated=terminated, truncated=truncated, final_obs=self.actor.columns(step.final_obs)[0])
+        if self.pixels:  # V(final obs) now, from the packed final step (the network is the update's)
+            final = torch.zeros_like(ex.value)
+            if truncated.any():
+                v = self.actor.value_norm.denormalize(self.actor.packed_value(step.final_obs))
+                final = torch.where(truncated, v, final)
+            self.storage.add(obs=ex.x, actions=ex.action, log_probs=ex.log_prob, values=ex.value, rewards=reward,
+                             terminated=terminated, truncated=truncated, final_obs=ex.x, final_values=final)
+        else:
+            self.storage.add(obs=ex.x, actions=ex.action, log_probs=ex.log_prob, values=ex.value, rewards=reward,
+                             terminated=terminated, truncated=truncated,
+                             final_obs=self.actor.columns(step.final_obs)[0])
         self._last_obs = step.next_obs
 
     # --- values: the head predicts normalized values; GAE reads them denormalized
     def bootstrap_value(self, obs):
         with torch.no_grad():
+            if self.pixels:
+                return self.actor.value_norm.denormalize(self.actor.packed_value(obs))
             return self.actor.value_norm.denormalize(self.actor.value(self.actor.columns(obs)[0], stacked=obs.shape[0]))
 
     def final_values(self, truncated, final_obs):
@@ -119,7 +148,8 @@ class MAPPO(PPO):
 
     def prepare_batch(self) -> PPOBatch:
         cfg, data = self.cfg, self.storage.data
-        data.final_values.copy_(self.final_values(data.truncated, data.final_obs))
+        if not self.pixels:  # pixel envs: stored by observe
+            data.final_values.copy_(self.final_values(data.truncated, data.final_obs))
         with torch.no_grad():
             next_values = rollout_next_values(data.values, self.bootstrap_value(self._last_obs), data.truncated,
                                               data.final_values)
@@ -136,9 +166,20 @@ class MAPPO(PPO):
         return PPOBatch(flat.obs[rows], flat.actions[rows], flat.log_probs[rows], norm.normalize(values), adv,
                         norm.normalize(ret), whole)
 
+    def minibatch_plan(self, batch: PPOBatch):
+        if not self.pixels or batch.whole:
+            yield from super().minibatch_plan(batch)
+            return
+        # pixel envs: an env step's agents in one minibatch (MAPPO's state CNN runs once for them), the
+        # env steps shuffled each epoch; a row's env step is its pointer's frame index
+        for _ in range(self.cfg.n_epochs):
+            rank = torch.randperm(self.frames.shape[0], generator=self.rng["minibatch"], device=self.device)
+            yield from torch.argsort(rank[batch.obs[:, 0]]).split(self.cfg.batch_size)
+
     def minibatch_loss(self, obs, actions, log_probs, values, adv, ret, clip: float, normalize_adv: bool):
         # advantages are normalized over the whole batch in prepare_batch, never per minibatch
-        return ppo_loss(self.actor, obs, actions, log_probs, values, adv, ret, clip, self.cfg, False)
+        actor = OnFrames(self.actor, self.frames) if self.pixels else self.actor
+        return ppo_loss(actor, obs, actions, log_probs, values, adv, ret, clip, self.cfg, False)
 
     def update(self, progress: float) -> dict[str, float]:
         agent_steps = int(self.present.sum())
@@ -146,11 +187,26 @@ class MAPPO(PPO):
         stats["agent_steps"] = float(agent_steps)
         return stats
 
+    def extra_state(self):
+        state = super().extra_state()
+        if self.frames is not None and self.storage.step:  # a part rollout's frames (its rows point into them)
+            state["frames"] = self.frames[:self.storage.step * self.env_columns].clone()
+        return state
+
+    def load_extra_state(self, state):
+        super().load_extra_state(state)
+        if self.frames is not None and "frames" in state:
+            self.frames[:len(state["frames"])] = state["frames"]
+
     # --- users
     def act_dict(self, obs: dict, deterministic: bool = True) -> dict:
         """Actions for one env's observations given as PettingZoo gives them (``{agent: obs}``;
         an agent missing from the dict is absent). Box observations, or dicts with
         ``observation`` and ``action_mask``. Returns ``{agent: action}`` for the agents given."""
+        if self.pixels:
+            raise UserError(f"{self.name}.act_dict takes vector observations; on a pixel env, step corral's env "
+                            "(corral.envs.make_vec_env) and call act() on its packed observations, which carry "
+                            "the stacked frames")
         return act_dict(self, obs, deterministic)
 
 

@@ -45,6 +45,14 @@ class AgentLayout:
     act_sizes: tuple[int, ...]  # each agent's own n (Discrete) or size (Box)
     act_low: tuple[tuple[float, ...], ...] = ()  # Box: each agent's padded bounds
     act_high: tuple[tuple[float, ...], ...] = ()
+    # pixel envs (corral.envs.ma_pixels): one agent's frame stack (channels, size, size); the
+    # packed row is uint8 then, and the state (where the env has an image one) is such a stack too
+    frame: tuple[int, ...] = ()
+    state_frame: tuple[int, ...] = ()  # pixel envs: the state's frame stack (channels, side, side)
+
+    @property
+    def pixels(self) -> bool:
+        return bool(self.frame)
 
     @property
     def n_agents(self) -> int:

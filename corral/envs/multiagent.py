@@ -51,6 +51,10 @@ Box actions to the largest size (padded dims in [-1, 1], dropped before the env 
 Box and Discrete observations (Discrete one-hot) and ``Dict(observation=..., action_mask=...)``
 observations are taken; an ``info[agent]["action_mask"]`` is read too.
 
+**Pixel envs** (every agent observes an image: PettingZoo's butterfly family): the rows are
+uint8, each agent's observation and the state a stack of grey, resized frames, as corral's
+Atari envs give theirs (``env.pixels``; :mod:`corral.envs.ma_pixels`).
+
 **State for exact resume**: where every env defines ``corral_state() -> dict`` (numpy arrays
 and plain values) and ``corral_load_state(state)``, checkpoints hold it and a resumed run
 continues the same episodes (``copyable``); otherwise a resumed run starts fresh episodes.
@@ -77,6 +81,7 @@ from corral.envs.agent_layout import (  # noqa: F401 (re-exported)
 )
 from corral.envs.base import EnvError
 from corral.envs.host import tree_to_numpy, tree_to_torch
+from corral.envs.ma_pixels import FrameStacks, pixel_layout
 from corral.envs.parallel import (  # noqa: F401
     EXTRA_HINT,
     ParallelFactory,
@@ -96,7 +101,7 @@ class MultiAgentVecEnv:
     device_resident = False
 
     def __init__(self, factory: Any, num_envs: int, env_id: str = "env", device: str | torch.device = "cpu",
-                 max_episode_steps: int | None = None, check_finite: bool = True):
+                 max_episode_steps: int | None = None, check_finite: bool = True, pixels: Any = None):
         if num_envs < 1:
             raise UserError(f"env.num_envs must be >= 1, got {num_envs}")
         self.factory, self.num_envs, self.env_id = factory, num_envs, env_id
@@ -107,7 +112,15 @@ class MultiAgentVecEnv:
         self.layout = L = _check_spaces(self.envs[0], env_id)
         self._agent_index = {a: j for j, a in enumerate(L.agents)}
         self._obs_parts = [_obs_part(self.envs[0].observation_space(a)) for a in L.agents]
-        box = gym.spaces.Box(-np.inf, np.inf, (L.size,), np.float32)
+        P = pixel_layout(self.envs[0], L, [p for p, _ in self._obs_parts], pixels, env_id)
+        self.frames = None  # image observations: stacks of preprocessed frames, packed as uint8
+        self.dtype = np.float32
+        if P is not None:
+            self.layout = L = P
+            self.frames, self.dtype = FrameStacks(L, num_envs, pixels), np.uint8
+            box = gym.spaces.Box(0, 255, (L.size,), np.uint8)
+        else:
+            box = gym.spaces.Box(-np.inf, np.inf, (L.size,), np.float32)
         box.corral_agents = L  # travels with the space, as corral_layout does
         self.single_observation_space = box
         self.single_action_space = L.action_space()
@@ -139,8 +152,10 @@ class MultiAgentVecEnv:
                                f"which is not in its possible_agents {list(L.agents)}")
             part, has_mask = self._obs_parts[j]
             value = o["observation"] if has_mask else o
-            flat = gym.spaces.flatten(part, value)
-            row[j * D:j * D + L.obs_dims[j]] = flat
+            if self.frames is not None:
+                self.frames.agent(i, j, value, row)
+            else:
+                row[j * D:j * D + L.obs_dims[j]] = gym.spaces.flatten(part, value)
             if a in live:
                 row[ms + j] = 1.0
             if L.discrete:
@@ -150,6 +165,9 @@ class MultiAgentVecEnv:
                     row[start:start + L.act_sizes[j]] = 1.0
                 else:
                     row[start:start + L.act_sizes[j]] = np.asarray(am, np.float32).reshape(-1)[:L.act_sizes[j]]
+        if self.frames is not None:
+            self.frames.global_state(i, env, row)
+            return
         if not L.has_state:
             row[L.state_start:ms] = row[:L.state_start]
             return
@@ -193,6 +211,8 @@ class MultiAgentVecEnv:
             raise EnvError(f"env {self.env_id!r} (index {i}) raised in reset: {type(e).__name__}: {e}") from e
         self.live[i] = set(env.agents)
         self.t[i] = 0
+        if self.frames is not None:
+            self.frames.restart(i)
         self._pack(i, env, obs, row, infos or {})
 
     def _tensor(self, arr: np.ndarray) -> torch.Tensor:
@@ -201,13 +221,13 @@ class MultiAgentVecEnv:
 
     # --- the contract
     def reset(self, seed: int | None = None) -> torch.Tensor:
-        out = np.zeros((self.num_envs, self.layout.size), np.float32)
+        out = np.zeros((self.num_envs, self.layout.size), self.dtype)
         for i in range(self.num_envs):
             self._reset_env(i, None if seed is None else seed + i, out[i])
         self.ep_ret[:] = 0.0
         self.ep_team[:] = 0.0
         self.ep_len[:] = 0
-        if self.check_finite:
+        if self.check_finite and self.frames is None:
             self._check(out, "observation")
         return self._tensor(out)
 
@@ -265,7 +285,7 @@ class MultiAgentVecEnv:
         L = self.layout
         acts = self._actions(action)
         N, A = self.num_envs, L.n_agents
-        obs = np.zeros((N, L.size), np.float32)
+        obs = np.zeros((N, L.size), self.dtype)
         final = None
         rew = np.zeros((N, A), np.float32)
         term = np.zeros((N, A), bool)
@@ -310,8 +330,9 @@ class MultiAgentVecEnv:
                 obs[i] = 0.0
                 self._reset_env(i, None, obs[i])
         if self.check_finite:
-            self._check(obs, "observation")
             self._check(rew, "reward")
+        if self.check_finite and self.frames is None:
+            self._check(obs, "observation")
             if final is not None:
                 self._check(final, "final observation")
         self.steps += 1
@@ -370,21 +391,23 @@ class MultiAgentVecEnv:
 
 def make_multiagent_vec_env(spec: Any, num_envs: int, kwargs: dict | None = None, device: Any = "cpu",
                             backend: str = "sync", max_episode_steps: int | None = None,
-                            check_finite: bool = True, opponents: tuple[str, ...] = ()) -> MultiAgentVecEnv:
+                            check_finite: bool = True, opponents: tuple[str, ...] = (),
+                            pixels: Any = None) -> MultiAgentVecEnv:
     """N copies of the multi-agent env ``spec`` names (see the module docstring); ``opponents``:
-    agents that act at random and are not trained (``corral.envs.opponents``)."""
+    agents that act at random and are not trained (``corral.envs.opponents``); ``pixels``: how
+    image observations are preprocessed (``corral.envs.ma_pixels``)."""
     if backend != "sync":
         raise UserError(f"multi-agent envs run on env.backend=sync (in this process), not {backend!r}")
     factory = ParallelFactory(spec, kwargs, opponents)
-    return MultiAgentVecEnv(factory, num_envs, factory.name, device, max_episode_steps, check_finite)
+    return MultiAgentVecEnv(factory, num_envs, factory.name, device, max_episode_steps, check_finite, pixels)
 
 
 def random_team_return(env_id: str, opponents: tuple[str, ...], episodes: int, seed: int,
-                       kwargs: dict | None = None) -> float:
+                       kwargs: dict | None = None, num_envs: int = 8) -> float:
     """The baseline a trained side is measured against: the mean team return over ``episodes``
     episodes of ``env_id`` when the side's agents act uniformly at random too (each agent over
     its own actions), against the random ``opponents``."""
-    venv = make_multiagent_vec_env(env_id, 8, kwargs, opponents=opponents)
+    venv = make_multiagent_vec_env(env_id, num_envs, kwargs, opponents=opponents)
     g = torch.Generator().manual_seed(seed)
     L = venv.layout
     returns: list[float] = []

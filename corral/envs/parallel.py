@@ -8,6 +8,7 @@ import copy
 import difflib
 import importlib
 import math
+from collections import defaultdict
 from typing import Any
 
 import gymnasium as gym
@@ -112,6 +113,9 @@ class ParallelFactory:
                         from corral.envs.mpe import MPEParallel  # the parallel conversion with state hooks
 
                         env = MPEParallel(module.env(**self.kwargs))
+                    elif build is not None and getattr(build, "__qualname__", "").startswith("parallel_wrapper_fn") \
+                            and callable(getattr(module, "env", None)):
+                        env = lean_parallel(module.env(**self.kwargs))  # PettingZoo's conversion, leaner
                     else:
                         env = build(**self.kwargs) if build is not None else module.env(**self.kwargs)
                 except TypeError as e:
@@ -135,6 +139,34 @@ class ParallelFactory:
 
             env = RandomOpponents(env, self.opponents, name)
         return env
+
+
+def lean_parallel(aec_env: Any) -> Any:
+    """PettingZoo's ``aec_to_parallel`` (what a module's ``parallel_env`` built with
+    ``parallel_wrapper_fn`` returns) without the ``last()`` it calls for every agent before
+    stepping it, which builds that agent's observation and throws it away: in a pixel env one
+    more screen copy per agent per step (pistonball: 20). Same steps, same results."""
+    from pettingzoo.utils.conversions import aec_to_parallel_wrapper
+
+    class LeanAECToParallel(aec_to_parallel_wrapper):
+        def step(self, actions):
+            env = self.aec_env
+            rewards: dict = defaultdict(int)
+            for agent in env.agents:
+                if agent != env.agent_selection:
+                    raise AssertionError(f"expected agent {agent} got agent {env.agent_selection}: the parallel "
+                                         "conversion expects agents to step in a cycle")
+                env.step(actions[agent])
+                for a in env.agents:
+                    rewards[a] += env.rewards[a]
+            terminations, truncations, infos = dict(**env.terminations), dict(**env.truncations), dict(**env.infos)
+            observations = {a: env.observe(a) for a in env.agents}
+            while env.agents and (env.terminations[env.agent_selection] or env.truncations[env.agent_selection]):
+                env.step(None)
+            self.agents = env.agents
+            return observations, rewards, terminations, truncations, infos
+
+    return LeanAECToParallel(aec_env)
 
 
 # ---------------------------------------------------------------------------

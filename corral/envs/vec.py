@@ -39,6 +39,7 @@ def make_vec_env(
     mask_obs: tuple[int, ...] | None = None,
     multi_agent: bool | None = None,
     opponents: tuple[str, ...] = (),
+    pixels: dict | None = None,
 ) -> HostVecEnv:
     """Build N envs for ``spec`` on ``backend``; the one entry point every caller uses.
 
@@ -66,7 +67,8 @@ def make_vec_env(
     ``multi_agent``: build a :class:`corral.envs.multiagent.MultiAgentVecEnv` (PettingZoo envs,
     an agent dimension); None decides from ``spec`` (``mpe:`` / ``pettingzoo:`` ids, PettingZoo
     instances and classes); multi-agent algorithms pass True (a ``module:callable`` then
-    returns a PettingZoo env).
+    returns a PettingZoo env). ``pixels``: how a multi-agent env's image observations are
+    preprocessed (``corral.envs.ma_pixels``).
     """
     if num_envs < 1:
         raise UserError(f"env.num_envs must be >= 1, got {num_envs}")
@@ -79,9 +81,12 @@ def make_vec_env(
         if mask_obs:
             raise UserError(f"env.mask_obs applies to single-agent envs, not the multi-agent {name!r}")
         return make_multiagent_vec_env(spec, num_envs, kwargs, device, backend, max_episode_steps=max_episode_steps,
-                                       check_finite=check_finite, opponents=opponents)
+                                       check_finite=check_finite, opponents=opponents, pixels=pixels)
     if opponents:
         raise UserError(f"env.opponents applies to multi-agent envs, not the single-agent {name!r}: leave it unset")
+    if pixels:
+        raise UserError(f"env.pixels applies to multi-agent envs, not the single-agent {name!r} (Atari's "
+                        "preprocessing is env.atari_wrappers): leave it unset")
     if mask_obs and (backend in ("native", "envpool") or (isinstance(spec, str) and spec.startswith("native:"))):
         raise UserError(f"env.mask_obs applies to sync and subproc envs, not the {backend} backend of {name!r}: "
                         "use env.backend=sync (or native:CartPoleNoVel-v1 for a masked native CartPole)")

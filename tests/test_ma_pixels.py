@@ -1,0 +1,214 @@
+"""Multi-agent pixel envs (issue 38): each agent's frames grey, resized and stacked, packed as uint8
+once; one Nature CNN shared by the agents; rows that point into the rollout's frames; the run's
+memory estimated and refused with its numbers. A fake pixel ParallelEnv (tiny, known pixels)
+and PettingZoo's butterfly envs at small frames; the learning run is marked slow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("pettingzoo")
+cv2 = pytest.importorskip("cv2")
+from gymnasium import spaces  # noqa: E402
+from pettingzoo import ParallelEnv  # noqa: E402
+
+import corral  # noqa: E402
+from corral.actors.pixel_agents import OnFrames, PixelAgentsActorCritic, pixel_run_bytes  # noqa: E402
+from corral.envs import make_vec_env  # noqa: E402
+from corral.envs.ma_pixels import pixel_options  # noqa: E402
+from corral.envs.multiagent import make_multiagent_vec_env, random_team_return  # noqa: E402
+from corral.errors import UserError  # noqa: E402
+
+QUIET = {"tensorboard": False, "progress": False}
+SMALL = {"size": 36, "grey": True, "stack": 2}
+
+
+class PaintEnv(ParallelEnv):
+    """Three agents; agent j's observation at step t is an RGB image ``[48, 40, 3]`` filled with
+    ``10 * t + j`` (red), the state a ``[60, 80, 3]`` grey image of ``100 + t``. Discrete(3)
+    actions; ``agent_2`` leaves after step ``leave_at``; episodes end at ``horizon`` (truncated).
+    Reward: 1 for each agent whose action is its index mod 3."""
+
+    metadata = {"name": "paint_v0"}
+
+    def __init__(self, horizon=6, leave_at=3):
+        self.possible_agents = ["agent_0", "agent_1", "agent_2"]
+        self.agents: list[str] = []
+        self.horizon, self.leave_at, self.t = horizon, leave_at, 0
+        self.state_space = spaces.Box(0, 255, (60, 80, 3), np.uint8)
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 255, (48, 40, 3), np.uint8)
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def _obs(self, agent):
+        img = np.zeros((48, 40, 3), np.uint8)
+        img[..., 0] = 10 * self.t + self.possible_agents.index(agent)
+        return img
+
+    def state(self):
+        return np.full((60, 80, 3), 100 + self.t, np.uint8)
+
+    def reset(self, seed=None, options=None):
+        self.t, self.agents = 0, list(self.possible_agents)
+        return {a: self._obs(a) for a in self.agents}, {}
+
+    def step(self, actions):
+        self.t += 1
+        rew = {a: float(actions[a] == self.possible_agents.index(a) % 3) for a in self.agents}
+        trunc = {a: self.t >= self.horizon for a in self.agents}
+        term = {a: a == "agent_2" and self.t >= self.leave_at for a in self.agents}
+        obs = {a: self._obs(a) for a in self.agents}
+        self.agents = [a for a in self.agents if not (trunc[a] or term[a])]
+        return obs, rew, term, trunc, {a: {} for a in obs}
+
+
+def grey(value: int) -> int:
+    """OpenCV's grey of a pure red pixel of ``value`` (0.299 R, rounded)."""
+    return int(cv2.cvtColor(np.full((1, 1, 3), [value, 0, 0], np.uint8), cv2.COLOR_RGB2GRAY)[0, 0])
+
+
+def test_frames_are_grey_resized_stacked_and_packed_as_uint8():
+    env = make_multiagent_vec_env(PaintEnv, 2, pixels=SMALL)
+    L = env.layout
+    D = 2 * 36 * 36
+    assert L.pixels and L.frame == (2, 36, 36) and L.obs_dim == D and L.state_dim == D
+    assert L.size == 3 * D + D + 3 + 3 * 3
+    assert env.single_observation_space.dtype == np.uint8
+    obs = env.reset(seed=0)
+    assert obs.dtype == torch.uint8 and obs.shape == (2, L.size)
+    v = L.split(obs)
+    frames = v.obs.reshape(2, 3, 2, 36, 36)
+    for j in range(3):  # a fresh episode fills every slot of the stack with its first frame
+        assert (frames[:, j] == grey(j)).all()
+    assert (v.state.reshape(2, 2, 36, 36) == 100).all()  # a grey state stays its value
+    act = torch.zeros(2, 3, dtype=torch.long)
+    for t in (1, 2, 3):
+        obs, rew, term, trunc, info = env.step(act)
+        frames = L.split(obs).obs.reshape(2, 3, 2, 36, 36)
+        for j in range(3):  # oldest slot first: the previous frame, then this step's
+            assert (frames[:, j, 0] == grey(10 * (t - 1) + j)).all() and (frames[:, j, 1] == grey(10 * t + j)).all()
+        assert (L.split(obs).state.reshape(2, 2, 36, 36)[:, 1] == 100 + t).all()
+    assert L.split(obs).agent_mask[0].tolist() == [True, True, False]  # agent_2 left at step 3
+    obs, *_ = env.step(act)
+    assert not L.split(obs).obs[:, 2].any()  # absent: zeros
+    for _ in range(2):
+        obs, rew, term, trunc, info = env.step(act)
+    assert info["episode_done"].all() and trunc.all()  # step 6: truncated, then a new episode
+    final = L.split(info["final_obs"]).obs.reshape(2, 3, 2, 36, 36)
+    assert (final[:, 0, 1] == grey(60)).all()
+    assert (L.split(obs).obs.reshape(2, 3, 2, 36, 36)[:, 0] == grey(0)).all()  # restarted stacks
+    env.close()
+
+
+def test_pixel_options_are_checked():
+    assert pixel_options({}) == pixel_options(None)
+    with pytest.raises(UserError, match="did you mean size"):
+        pixel_options({"sizes": 64})
+    with pytest.raises(UserError, match="env.pixels.size must be an integer >= 36"):
+        pixel_options({"size": 16})
+    with pytest.raises(UserError, match="env.pixels applies to multi-agent envs"):
+        make_vec_env("CartPole-v1", 1, pixels={"size": 64})
+
+
+@pytest.mark.parametrize("algo,cnns", [("ippo", 1), ("mappo", 2)])
+def test_one_cnn_is_shared_by_the_agents_and_rows_point_into_the_frames(algo, cnns):
+    """The acting path's log-probs and values equal the training path's on the stored pointer
+    rows (before any update), for every agent, across a truncation and an absent agent."""
+    n_steps, n_envs = 8, 2
+    agent = corral.train(algo, PaintEnv, steps=n_steps * n_envs, seed=0, save_run=False,
+                         **{"env.num_envs": n_envs, "env.pixels": SMALL, f"{algo}.n_steps": n_steps + 1,
+                            f"{algo}.batch_size": 16, "eval.episodes": 0, **QUIET})
+    algo_ = agent.algo
+    actor = algo_.actor
+    assert isinstance(actor, PixelAgentsActorCritic)
+    convs = [m for m in actor.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 3 * cnns  # one Nature CNN for all 3 agents (mappo: and one for the state)
+    st = algo_.storage
+    assert st.data.obs.dtype == torch.long and st.data.obs.shape == (n_steps + 1, n_envs * 3, 2)
+    assert algo_.frames.dtype == torch.uint8 and algo_.frames.shape == ((n_steps + 1) * n_envs, algo_.layout.size)
+    steps = st.step
+    assert steps == n_steps  # the rollout is one step short of full: nothing was updated
+    rows = st.data.obs[:steps].reshape(-1, 2)
+    log_probs, _, values = OnFrames(actor, algo_.frames).evaluate_actions(rows, st.data.actions[:steps].reshape(-1))
+    present = algo_.present[:steps].reshape(-1)
+    assert present.sum() < present.numel()  # agent_2 was absent for some steps
+    torch.testing.assert_close(log_probs[present], st.data.log_probs[:steps].reshape(-1)[present])
+    torch.testing.assert_close(actor.value_norm.denormalize(values), st.data.values[:steps].reshape(-1))
+    assert st.data.truncated[:steps].any()  # truncated steps' final values stored at observe
+    assert (st.data.final_values[:steps][st.data.truncated[:steps]] != 0).all()
+
+
+def test_an_update_runs_and_changes_the_shared_cnn():
+    from corral.train.setup import build_config
+
+    cfg = build_config("mappo", PaintEnv, steps=64, seed=0, overrides={
+        "env.num_envs": 2, "env.pixels": SMALL, "mappo.n_steps": 16, "mappo.batch_size": 32, "mappo.n_epochs": 1,
+        "eval.episodes": 2, **QUIET})
+    learner = corral.Learner(cfg, None)
+    before = learner.algo.actor.cnn.conv[0].weight.detach().clone()
+    summary = learner.train()
+    assert summary["env_steps"] == 64
+    assert not torch.equal(before, learner.algo.actor.cnn.conv[0].weight)
+    obs = make_vec_env(PaintEnv, 1, multi_agent=True, pixels=SMALL).reset(seed=0)
+    assert learner.algo.act(obs).shape == (1, 3)
+
+
+def test_the_memory_estimate_counts_the_frames_and_a_run_that_would_not_fit_is_refused(monkeypatch):
+    env = make_multiagent_vec_env(PaintEnv, 1, pixels=SMALL)
+    L = env.layout
+    parts = pixel_run_bytes(L, 4, 32, 64, True, True)
+    assert parts["frames"] == 4 * 32 * L.size  # each packed step once, uint8
+    # MAPPO's minibatch runs two CNNs, IPPO's one; the whole rollout as one minibatch costs more
+    assert pixel_run_bytes(L, 4, 32, 64, False, True)["minibatch"] < parts["minibatch"]
+    assert pixel_run_bytes(L, 4, 32, 0, True, True)["minibatch"] > parts["minibatch"]
+    import corral.algos.mappo_pixels as mp
+
+    monkeypatch.setattr(mp, "available_memory", lambda device: 1_000_000)
+    with pytest.raises(UserError) as e:
+        corral.train("mappo", PaintEnv, steps=64, seed=0, save_run=False,
+                     **{"env.num_envs": 4, "env.pixels": SMALL, "mappo.n_steps": 32, **QUIET})
+    msg = str(e.value)
+    assert "needs about" in msg and "0.00 GB is available" in msg  # what it needs, what there is
+    assert "mappo.batch_size" in msg and "mappo.n_steps" in msg and "env.pixels.size" in msg  # what lowers it
+    assert f"32 steps x 4 envs x {L.size / 1e6:.2f} MB a packed step" in msg
+
+
+def test_the_docs_pistonball_example_is_estimated_under_4_gb():
+    from corral.algos.mappo_pixels import check_pixel_run
+    from corral.train.setup import build_config
+
+    cfg = build_config("mappo", "pettingzoo:butterfly.pistonball_v6")
+    assert cfg.env.pixels == {"size": 84, "grey": True, "stack": 4}
+    env = make_multiagent_vec_env("pettingzoo:butterfly.pistonball_v6", 1, pixels=cfg.env.pixels)
+    L = env.layout
+    assert L.n_agents == 20 and L.frame == (4, 84, 84) and L.state_frame == (4, 42, 42) and not L.discrete
+    parts = check_pixel_run("mappo", cfg.algo_cfg, L, cfg.env.num_envs, "actor", torch.device("cpu"))
+    assert sum(parts.values()) < 2e9  # leaves room for torch, the envs and the process (measured: docs)
+    env.close()
+
+
+@pytest.mark.parametrize("algo", ["ippo", "mappo"])
+def test_cooperative_pong_trains_at_small_frames(algo):
+    agent = corral.train(algo, "pettingzoo:butterfly.cooperative_pong_v6", steps=128, seed=0, save_run=False,
+                         **{"env.num_envs": 2, "env.pixels": {"size": 36, "stack": 2}, f"{algo}.n_steps": 32,
+                            f"{algo}.batch_size": 64, f"{algo}.n_epochs": 1, "eval.episodes": 1,
+                            "eval.max_episode_steps": 50, **QUIET})
+    assert agent.summary["env_steps"] == 128
+    assert agent.algo.layout.frame == (2, 36, 36) and agent.algo.layout.n_agents == 2
+
+
+@pytest.mark.slow
+def test_ippo_learns_cooperative_pong_beyond_a_random_team():
+    """The preset (42x42 grey frames, 4 stacked), seed 0, 200k env steps (about 40 minutes of
+    one busy core): the greedy policy's held-out team return beats a random team's by 5."""
+    env = "pettingzoo:butterfly.cooperative_pong_v6"
+    agent = corral.train("ippo", env, steps=200_000, seed=0, save_run=False,
+                         **{"eval.episodes": 0, **QUIET})
+    result = corral.evaluate(agent, episodes=16, seed=10_000)
+    random = random_team_return(env, (), 16, seed=10_000)
+    assert result["mean_return"] > random + 5, (result, random)
