@@ -263,10 +263,29 @@ def test_the_lean_parallel_conversion_steps_as_pettingzoos():
     assert ends >= 2
 
 
+def test_cooperative_pong_draws_its_screen_only_with_a_render_mode():
+    """PettingZoo's cooperative_pong draws in render(), a no-op without a render mode: black frames,
+    which corral warns about; with render_mode=rgb_array (its preset) the ball and paddles show."""
+    env_id = "pettingzoo:butterfly.cooperative_pong_v6"
+    with pytest.warns(UserWarning, match="black frame"):
+        env = make_multiagent_vec_env(env_id, 1, pixels={"size": 36})
+        env.reset(seed=0)
+    env.close()
+    env = make_multiagent_vec_env(env_id, 1, {"render_mode": "rgb_array"}, pixels={"size": 36, "stack": 1})
+    L = env.layout
+    first = L.split(env.reset(seed=0)).obs.clone()
+    assert first.any()
+    for _ in range(3):
+        obs, *_ = env.step(torch.zeros(1, 2, dtype=torch.long))
+    assert not torch.equal(L.split(obs).obs, first)  # the ball moved
+    env.close()
+
+
 @pytest.mark.parametrize("algo", ["ippo", "mappo"])
 def test_cooperative_pong_trains_at_small_frames(algo):
     agent = corral.train(algo, "pettingzoo:butterfly.cooperative_pong_v6", steps=128, seed=0, save_run=False,
                          **{"env.num_envs": 2, "env.pixels": {"size": 36, "stack": 2}, f"{algo}.n_steps": 32,
+                            "env.kwargs": {"render_mode": "rgb_array"},
                             f"{algo}.batch_size": 64, f"{algo}.n_epochs": 1, "eval.episodes": 1,
                             "eval.max_episode_steps": 50, **QUIET})
     assert agent.summary["env_steps"] == 128

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +146,17 @@ class FrameStacks:
         self.state_frame = (layout.state_frame[0] // stack, layout.state_frame[1]) if layout.has_state else None
         self.started = np.zeros((num_envs, A + 1), bool)  # slot A: the state
         self.state_failures = 0
+
+    def warn_if_black(self, name: str) -> None:
+        """Warn once where every agent's first frames are black: an env that draws its screen only in
+        ``render()`` (PettingZoo's cooperative_pong) shows black frames without a render mode."""
+        if getattr(self, "_checked", False):
+            return
+        self._checked = True
+        if not self.obs.any():
+            warnings.warn(f"env {name!r}: every agent's first observation is a black frame; an env that draws its "
+                          "screen only in render() needs env.kwargs.render_mode=rgb_array (cooperative_pong_v6 "
+                          "does; docs/multiagent.md)", stacklevel=3)
 
     def restart(self, i: int) -> None:
         """Env ``i`` was reset: its next frames fill every slot of their stacks."""

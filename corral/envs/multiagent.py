@@ -227,6 +227,8 @@ class MultiAgentVecEnv:
         self.ep_ret[:] = 0.0
         self.ep_team[:] = 0.0
         self.ep_len[:] = 0
+        if self.frames is not None:
+            self.frames.warn_if_black(self.env_id)
         if self.check_finite and self.frames is None:
             self._check(out, "observation")
         return self._tensor(out)
