@@ -53,6 +53,11 @@ CASES = {
     "apex_dqn": ("apex_dqn", "CartPole-v1", 3000, {"eval.episodes": 0, "scheme.collectors": 1}),
     "apex_td3": ("apex_td3", "Pendulum-v1", 1500, {"eval.episodes": 0, "scheme.collectors": 1,
                                                    "apex_td3.learning_starts": 500}),
+    # the fast paths moved into corral/kernels/ (issue 36): QR-DQN's step without autograd and numpy
+    # acting at its CartPole preset, C51's numpy acting, APPO's clipped surrogate on IMPALA's loop
+    "qrdqn": ("qrdqn", "CartPole-v1", 4000, {"eval.episodes": 0}),
+    "c51": ("c51", "CartPole-v1", 3000, {"eval.episodes": 0, "c51.learning_starts": 1000}),
+    "appo": ("appo", "CartPole-v1", 4096, {"eval.episodes": 0}),
 }
 
 

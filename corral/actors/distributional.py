@@ -21,6 +21,7 @@ from torch import nn
 
 from corral.actors.normalizer import RunningNormalizer
 from corral.actors.offpolicy import ObsEncoder
+from corral.kernels.greedy import greedy_numpy
 from corral.nets import MLP, NoisyMLP, mean_weights, reset_noise
 
 
@@ -70,6 +71,8 @@ class ZNetwork(nn.Module):
         stacks = (self.torso, self.adv)
         if self.dueling or self.enc.trainable or any(type(s) is not MLP for s in stacks):
             return None
+        if type(self).out is not ZNetwork.out or type(self).head is not ZNetwork.head:
+            return None  # a subclass's own forward: the kernels that run the chain would skip it
         act = self.torso.act_name
         if act not in ("relu", "tanh") or self.adv.act_name != act:
             return None
@@ -77,38 +80,11 @@ class ZNetwork(nn.Module):
         return tuple(t for w, b, _ in plan for t in (w, b)), [a is not None for *_, a in plan], act
 
     def greedy_numpy(self, obs: torch.Tensor) -> np.ndarray | None:
-        """``q(obs).argmax(-1)`` (as an array) for a few rows on CPU, the chain run by numpy on views of
-        the weights, or None where the net is not a chain (``chain``). The views share the
-        parameters' memory, so every optimizer step shows at once (a parameter moved to new
-        memory -- a copy, ``.to()`` -- is noticed and the views made again). An epsilon-greedy
-        step acts on one row: torch dispatches each of the ~10 ops of that in ~4 us, numpy in
-        ~1 us (QR-DQN's CartPole collection, with the epsilon decision in numpy too: ~0.185 ->
-        ~0.125 ms an env step). For acting only: values may differ from ``q``'s in the last bits
-        (another BLAS), so may exact ties."""
-        cached = self.__dict__.get("_numpy")
-        if cached is None or (cached and [p.data_ptr() for p in cached[0]] != cached[1]):
-            cached = self._numpy_views()
-            self.__dict__["_numpy"] = cached
-        if not cached:
-            return None
-        enc = self.enc
-        h = (obs if enc.identity else enc(obs)).detach().numpy()
-        for w, b, fn in cached[2]:
-            h = h @ w
-            h += b
-            if fn is not None:
-                fn(h)
-        return self.expectation_numpy(h.reshape(-1, self.n, self.k)).argmax(-1)
-
-    def _numpy_views(self):
-        chain = self.chain()
-        if chain is None:
-            return False
-        params, acts, act = chain
-        fn = {"relu": lambda h: np.maximum(h, 0, out=h), "tanh": lambda h: np.tanh(h, out=h)}[act]
-        layers = [(params[2 * i].detach().numpy().T, params[2 * i + 1].detach().numpy(), fn if a else None)
-                  for i, a in enumerate(acts)]
-        return params, [p.data_ptr() for p in params], layers
+        """``q(obs).argmax(-1)`` (as an array) for a few rows on CPU, through numpy, or None
+        where the net is not a chain: the kernel ``corral.kernels.greedy.greedy_numpy``. For
+        acting only: values may differ from ``q``'s in the last bits (another BLAS), so may
+        exact ties."""
+        return greedy_numpy(self, obs)
 
     def expectation_numpy(self, out: np.ndarray) -> np.ndarray:
         """``expectation`` on a numpy array."""

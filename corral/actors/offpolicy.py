@@ -13,6 +13,7 @@ from torch import nn
 from corral.actors.actor_critic import MultiInputEncoder
 from corral.actors.normalizer import RunningNormalizer
 from corral.envs.spaces import layout_of, legacy_columns
+from corral.kernels.registry import register
 from corral.nets import MLP, NatureCNN, OneHotEncoder, ParallelMLP, is_discrete_space, is_image_space
 
 
@@ -104,6 +105,8 @@ class QNetwork(nn.Module):
         encoder with weights of its own, an activation the chain does not write out)."""
         if self.dueling or self.enc.trainable or self.body.act_name not in ("relu", "tanh"):
             return None
+        if type(self).forward is not QNetwork.forward or type(self).q is not QNetwork.q:
+            return None  # a subclass's own forward: the kernels that run the chain would skip it
         plan = self.body._plan
         return tuple(t for w, b, _ in plan for t in (w, b)), [a is not None for *_, a in plan], self.body.act_name
 
@@ -170,6 +173,9 @@ def squashed_sample(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tens
     return action, logp, pre, spread
 
 
+@register("squashed_gaussian", reference="corral.actors.offpolicy:squashed_sample", tolerance=1e-6,
+          runs="the SAC family's actor loss (SquashedGaussianActor.squash with gradients flowing): values "
+               "squashed_sample's own, the gradient in closed form")
 class _Squash(torch.autograd.Function):
     """``squashed_sample`` from the network's output ``[mean, log_std]`` with its gradient in
     closed form: with ``a = tanh(pre)``, ``d a / d pre = 1 - a^2``, ``d logp / d pre = 2 a``

@@ -6,7 +6,10 @@ C51 with all of them on (the ``rainbow`` preset).
 
 The math lives in three functions with known-answer tests: ``categorical_projection``
 (C51's target on the fixed support), ``quantile_huber_loss`` (QR-DQN and IQN) and
-``ImplicitQNetwork.embedding`` (IQN's cosine embedding)."""
+``ImplicitQNetwork.embedding`` (IQN's cosine embedding). Each ``phases`` is the readable step;
+the fast paths that replace parts of it at the presets (the quantile Huber loss with its
+gradient in the forward, QR-DQN's step without autograd) live in ``corral/kernels/``, each
+registered against the code here it must equal (``tests/test_kernels.py``)."""
 
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ from corral.actors.distributional import (
 from corral.algos.dqn import DQN, DQNConfig
 from corral.config import option
 from corral.errors import UserError
-from corral.nets import mlp_backward, mlp_forward
+from corral.kernels.direct import quantile_direct_step
+from corral.kernels.quantile import QuantileHuber
+from corral.kernels.registry import Replaces
 
 
 def categorical_projection(next_probs: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor,
@@ -74,55 +79,9 @@ def quantile_huber_loss(pred: torch.Tensor, target: torch.Tensor, taus: torch.Te
     return rho.mean(-1).sum(-1)
 
 
-class QuantileHuber(torch.autograd.Function):
-    """``quantile_huber_loss`` (kappa > 0) with its gradient: the same values, computed in
-    chunks of rows with the gradient formed in the forward, ``d/d theta_i = -mean_j
-    |tau_i - 1{u_ij < 0}| clip(u_ij, -kappa, kappa) / kappa``. TQC's pairwise tensor is
-    ``[B, N*M, kept]`` (256 x 50 x 46 at the defaults): autograd over it costs ~14 ms a
-    step on one core; chunks that stay in cache (~37k pairs: 16 of TQC's rows, all 64 of
-    QR-DQN's) and no saved pairwise tensors ~2.6 ms. ``taus``: ``[N]`` or ``[B, N]`` (IQN)."""
-
-    @staticmethod
-    def forward(ctx, pred, target, taus, kappa):
-        loss, grad = QuantileHuber.values_and_grad(pred, target, taus, kappa)
-        ctx.save_for_backward(grad)
-        return loss
-
-    @staticmethod
-    def values_and_grad(pred, target, taus, kappa):
-        """The per-sample losses ``[B]`` and their gradients w.r.t. ``pred`` ``[B, N]``."""
-        B = pred.shape[0]
-        # Cache-sized chunks on CPU; one chunk on a GPU, where each chunk is ~10 more kernel
-        # launches and launches, not memory, are what a step of this size costs there.
-        rows = B if pred.is_cuda else max(16, 36_864 // max(1, pred.shape[-1] * target.shape[-1]))
-        if rows >= B:
-            return QuantileHuber._chunk(pred, target, taus, kappa)
-        parts = [QuantileHuber._chunk(pred[s:s + rows], target[s:s + rows], taus if taus.dim() == 1 else taus[s:s + rows],
-                                      kappa) for s in range(0, B, rows)]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
-    @staticmethod
-    def _chunk(pred, target, taus, kappa):
-        col = taus.unsqueeze(-1)
-        u = target.unsqueeze(-2) - pred.unsqueeze(-1)  # u_ij = T_j - theta_i
-        w = torch.where(u < 0, 1.0 - col, col)  # |tau_i - 1{u_ij < 0}|
-        c = u.clamp(-kappa, kappa)
-        # The Huber loss at kappa is c (u - c / 2), c = clamp(u) (u^2 / 2 inside, kappa (|u| -
-        # kappa / 2) out), so w c serves both: summed, the gradient; times (u - c / 2), the loss.
-        # Nine passes over the pairs, the 1 / (N' kappa) on the [B, N] sums.
-        wc = w.mul_(c)
-        scale = 1.0 / (u.shape[-1] * kappa)
-        loss = u.sub_(c, alpha=0.5).mul_(wc).sum((-1, -2)).mul_(scale)
-        return loss, wc.sum(-1).mul_(-scale)
-
-    @staticmethod
-    def backward(ctx, g):
-        (grad,) = ctx.saved_tensors
-        return g.unsqueeze(-1) * grad, None, None, None
-
-
 def quantile_huber(pred: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa: float) -> torch.Tensor:
-    """``quantile_huber_loss``'s values and gradient, by ``QuantileHuber`` where kappa > 0."""
+    """``quantile_huber_loss``'s values and gradient, by the kernel ``QuantileHuber``
+    (``corral/kernels/quantile.py``) where kappa > 0."""
     if kappa > 0:
         return QuantileHuber.apply(pred, target.detach(), taus, kappa)
     return quantile_huber_loss(pred, target, taus, 0.0)
@@ -265,33 +224,15 @@ class QRDQN(DistributionalDQN):
         a = batch.action
         return (a if a.dtype == torch.long else a.long()).view(-1, 1, 1).expand(-1, 1, self.cfg.n_quantiles)
 
-    # --- the step without autograd (DQN's train_step and _direct_chain drive it)
+    # --- the fast path: ``corral.kernels.direct.quantile_direct_step`` takes this step without
+    # autograd (DQN's ``train_step`` drives it), bit for bit ``phases`` (tests/test_kernels.py); a
+    # subclass with its own ``phases`` runs that instead
+    direct = Replaces(quantile_direct_step, phases=phases)
+
     def direct_allowed(self) -> bool:
         """A plain MLP net (no dueling, noisy layers or CNN: ``ZNetwork.chain``), kappa > 0, no double."""
         cfg = self.cfg
         return not (cfg.double or cfg.noisy or cfg.kappa <= 0)
-
-    def direct_step(self, batch, shared, params, acts, act_name):
-        """``phases``' gradient step with no autograd graph: the same forward, the quantile
-        Huber loss's gradient formed with its values (``QuantileHuber.values_and_grad``), the
-        chain's backward written out (``mlp_backward``) straight into the optimizer's flat
-        gradient, every entry of it, so no ``zero_grad``. The same numbers as autograd's
-        step, bit for bit (``tests/test_value_family.py``), with ~25% less CPU a step at the
-        CartPole preset: no graph, no engine, no gradient accumulation."""
-        net, cfg, B = self.actor, self.cfg, batch.obs.shape[0]
-        with torch.no_grad():
-            out, inputs = mlp_forward(batch.obs if net.enc.identity else net.enc(batch.obs), params, acts, act_name)
-            target = self.td_targets(batch, shared, None)
-            index = self.chosen_index(batch)
-            chosen = out.view(B, net.n, net.k).gather(1, index).squeeze(1)
-            per_sample, grad = QuantileHuber.values_and_grad(chosen, target, self.taus, cfg.kappa)
-            loss, stats, td = self.finish(per_sample, batch, chosen)
-            # d loss / d per_sample: the batch mean's 1 / B (times the PER weights), as autograd forms it
-            grad = grad * ((batch.weights * (1.0 / B)).unsqueeze(-1) if cfg.prioritized else 1.0 / B)
-            g_out = out.new_zeros(B, net.n, net.k).scatter_add_(1, index, grad.unsqueeze(1))
-            mlp_backward(g_out.view(B, -1), params, acts, act_name, inputs, out, list(self.optimizer.grad_views))
-            self.optimizer.step()
-        return stats, td
 
 
 @dataclass

@@ -10,7 +10,6 @@ import copy
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -20,8 +19,9 @@ from corral.algos.base import Action
 from corral.algos.offpolicy import OffPolicy, OffPolicyConfig
 from corral.config import option
 from corral.errors import UserError
-from corral.kernels.mlp import mlp_backward, mlp_forward
-from corral.optim import FlatAdam
+from corral.kernels.direct import direct_chain, huber_direct_step
+from corral.kernels.greedy import epsilon_greedy_numpy
+from corral.kernels.registry import Replaces
 
 
 @dataclass
@@ -101,15 +101,8 @@ class DQN(OffPolicy):
         g = self.rng["noise"]
         random_action = torch.randint(self.n_actions, (n,), generator=g, device=self.device)
         u = torch.rand(n, generator=g, device=self.device)
-        if self._acts_in_numpy(obs):  # the same draws and choices, decided in numpy (greedy_numpy)
-            if n == 1:  # one env: one comparison of Python floats (epsilon rounded to float32 as torch's < does)
-                at_random = u.item() < float(np.float32(self.epsilon))
-                action = random_action if at_random else torch.from_numpy(self.actor.greedy_numpy(obs))
-                return action, Action(action)
-            explore_mask = u.numpy() < self.epsilon
-            if explore_mask.all():
-                return random_action, Action(random_action)
-            action = torch.from_numpy(np.where(explore_mask, random_action.numpy(), self.actor.greedy_numpy(obs)))
+        if self._acts_in_numpy(obs):  # the kernel: the same draws and choices, decided in numpy
+            action = epsilon_greedy_numpy(self.actor, obs, random_action, u, self.epsilon)
             return action, Action(action)
         explore_mask = u < self.epsilon
         if bool(explore_mask.all()):  # early on, skip the forward pass entirely
@@ -126,12 +119,16 @@ class DQN(OffPolicy):
             return torch.from_numpy(self.actor.greedy_numpy(obs))
         return self.actor.q(obs).argmax(-1)
 
+    # the fast path of acting (``corral.kernels.greedy``): ``explore`` and ``greedy`` decided in
+    # numpy on a few CPU rows; a subclass with its own ``greedy`` acts through it instead
+    numpy_acting = Replaces(epsilon_greedy_numpy, greedy=greedy)
+
     def _acts_in_numpy(self, obs) -> bool:
         """Whether acting on ``obs`` goes through ``ZNetwork.greedy_numpy``: a few rows on CPU,
         a net that is one chain of linear layers (no noise to draw)."""
         if self._numpy_net is None:  # found once: a net's layout never changes
             self._numpy_net = (not self.cfg.noisy and isinstance(self.actor, ZNetwork)
-                               and self.actor.chain() is not None)
+                               and self.numpy_acting.in_force(type(self)) and self.actor.chain() is not None)
         return self._numpy_net and obs.shape[0] <= 16 and obs.device.type == "cpu"
 
     def draw_noise(self, batch_size):
@@ -192,11 +189,14 @@ class DQN(OffPolicy):
         out["epsilon"] = self.epsilon
         return out
 
-    # --- the step without autograd: ``phases`` is the readable step, ``direct_step`` the same
-    # numbers bit for bit where the net is one chain of linear layers (tests/test_value_family.py)
+    # --- the fast path: ``corral.kernels.direct.huber_direct_step`` takes this step without autograd
+    # where the net is one chain of linear layers, bit for bit ``phases`` (tests/test_kernels.py);
+    # a subclass with its own ``phases`` runs that instead
+    direct = Replaces(huber_direct_step, phases=phases)
+
     def direct_allowed(self) -> bool:
-        """Whether ``direct_step`` computes this config's step: a plain Q-network, the Huber
-        loss, no double or noisy nets (a variant with a loss or net of its own says no)."""
+        """Whether the ``direct`` kernel computes this config's step: a plain Q-network, the Huber
+        loss, no double or noisy nets."""
         cfg = self.cfg
         return isinstance(self.actor, QNetwork) and cfg.loss == "huber" and not (cfg.double or cfg.noisy)
 
@@ -204,41 +204,15 @@ class DQN(OffPolicy):
         chain = self._direct_chain()
         if chain is None:
             return super().train_step(batch, shared)
-        stats, td = self.direct_step(batch, shared, *chain)
+        stats, td = self.direct.fn(self, batch, shared, *chain)
         self.after_step(stats)
         return stats, td
 
     def _direct_chain(self):
-        """The online net as one linear chain (``chain()``: ``(params, acts, activation)``) when
-        ``direct_allowed`` and one FlatAdam holds exactly its parameters; else None. Found once
-        (the Parameter objects never change)."""
+        """The online net as one linear chain (``chain()``: ``(params, acts, activation)``) where the
+        ``direct`` kernel is in force for this class, ``direct_allowed``, and one FlatAdam holds
+        exactly its parameters; else None. Found once (the Parameter objects never change)."""
         if self._chain is None:
-            opt, chain = self.optimizer, None
-            if self.direct_allowed() and isinstance(opt, FlatAdam):
-                chain = self.actor.chain()
-            if chain is not None and [id(p) for p in chain[0]] != [id(p) for p in opt.params]:
-                chain = None
-            self._chain = chain or False
+            use = self.direct.in_force(type(self)) and self.direct_allowed()
+            self._chain = (direct_chain(self.actor, self.optimizer) if use else None) or False
         return self._chain or None
-
-    def direct_step(self, batch, shared, params, acts, act_name):
-        """``phases``' gradient step with no autograd graph: the same forward, the Huber loss's
-        gradient from ATen's own backward kernel on what autograd would feed it (the mean's
-        1 / B, times the PER weights), the chain's backward written out (``mlp_backward``)
-        straight into the optimizer's flat gradient, so no graph, engine or ``zero_grad``."""
-        net, cfg, B = self.actor, self.cfg, batch.obs.shape[0]
-        with torch.no_grad():
-            out, inputs = mlp_forward(batch.obs if net.enc.identity else net.enc(batch.obs), params, acts, act_name)
-            target = self.td_target(batch, shared, None)
-            index = batch.action.long().unsqueeze(-1)
-            q = out.gather(-1, index).squeeze(-1)
-            per_sample = F.smooth_l1_loss(q, target, reduction="none")
-            loss = (per_sample * batch.weights).mean() if cfg.prioritized else per_sample.mean()
-            grad = torch.ones_like(q).div_(B)
-            if cfg.prioritized:
-                grad = grad * batch.weights
-            grad = torch.ops.aten.smooth_l1_loss_backward(grad, q, target, 0, 1.0)  # reduction none, beta 1
-            g_out = out.new_zeros(out.shape).scatter_(-1, index, grad.unsqueeze(-1))
-            mlp_backward(g_out, params, acts, act_name, inputs, out, list(self.optimizer.grad_views))
-            self.optimizer.step()
-        return {"q_loss": loss, "q_mean": q.mean()}, ((q - target).abs() if cfg.prioritized else None)

@@ -24,8 +24,8 @@ host round trip per step), an algorithm must declare ``capturable`` (its step ve
 that test), the optimizers must be ``FlatAdam`` on a torch with its fused kernel (2.4+).
 A changed learning rate (or other optimizer setting) drops the graphs and captures afresh.
 The graphed step is ``phases`` + ``after_step``, the reference: a speed path that overrides
-``train_step`` (QR-DQN's ``direct_step``) is not what runs in the graph, and the CPU test
-holds the two to the same numbers. Not verified yet: ``matmul=bfloat16`` with a CNN (autocast
+``train_step`` (the value family's step without autograd, ``corral/kernels/direct.py``) is not
+what runs in the graph, and the CPU test holds the two to the same numbers. Not verified yet: ``matmul=bfloat16`` with a CNN (autocast
 inside a capture).
 """
 

@@ -2,9 +2,9 @@
 as one autograd node with its backward written out (``MLP.fast`` and ``ParallelMLP``'s
 training path, and the distributional losses' hand-driven steps), and the fast CPU tanh.
 
-The readable reference of each is the plain module in ``corral.nets`` (``MLP``'s
-``nn.Sequential`` forward, ``ParallelMLP.forward`` with ``members``); ``tests/test_nets.py``
-checks forward values bit for bit and gradients against plain autograd."""
+The readable reference of each is the plain module in ``corral.nets`` (``MLP.forward``'s loop of
+linear layers, ``ParallelMLP.forward``'s loop with ``members``); ``tests/test_kernels.py`` checks
+each against it (``corral.kernels.registry``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ import contextlib
 import torch
 
 from corral.kernels.precision import low_dtype, mm
+from corral.kernels.registry import BIT_EXACT, register
 
 
+@register("mlp_fused", reference="corral.nets:MLP.forward", tolerance=BIT_EXACT,
+          runs="MLP.fused (2-d input, relu or tanh, gradients flowing): SAC/TD3 actors, the distributional nets")
 class _MLPFunction(torch.autograd.Function):
     """``MLP.forward`` for 2-d inputs written out with its backward: one autograd node
     instead of two per layer (a SAC actor's step spends as much in autograd's bookkeeping
@@ -98,6 +101,8 @@ def mlp_backward(grad: torch.Tensor, params, acts, act_name: str, inputs, out: t
     return g if input_grad else None
 
 
+@register("fast_tanh", reference="torch:tanh", tolerance=3e-7,
+          runs="ParallelMLP's tanh on CPU tensors of 4096 elements or more")
 def fast_tanh_(z: torch.Tensor) -> torch.Tensor:
     """tanh(z) in place; on large CPU tensors as 2*sigmoid(2z) - 1 (within ~2e-7 of
     torch.tanh). torch's CPU tanh kernel is about 3x slower than that whole chain, and it is
@@ -141,6 +146,9 @@ def _parallel_mlp_forward(x, act_name, act_after, params, lows: list | None = No
     return h, inputs
 
 
+@register("parallel_mlp", reference="corral.nets:ParallelMLP.forward", tolerance=1e-6,
+          runs="ParallelMLP with relu or tanh (actor-critics, twin and ensemble critics): values and gradients "
+               "(fast_tanh's rounding on large tanh layers)")
 class _ParallelMLPFunction(torch.autograd.Function):
     """ParallelMLP's forward and backward written out for tanh and relu: one autograd
     node for the whole stack instead of two or three per layer (on small nets the
