@@ -115,7 +115,8 @@ def sb3_runner(data, capacity, num_envs, batch_size, sample_iters):
 
 
 def throughput(args) -> None:
-    from corral.storage.replay import PrioritizedReplayBuffer, ReplayBuffer
+    from corral.storage.prioritized import PrioritizedReplayBuffer
+    from corral.storage.replay import ReplayBuffer
 
     print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, batch={args.batch_size}, "
           f"capacity={args.capacity}, obs={OBS_DIM} action={ACT_DIM} (float32), "

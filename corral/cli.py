@@ -305,10 +305,7 @@ def _cmd_plot(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="corral", description="corral: deep reinforcement learning on PyTorch")
-    sub = p.add_subparsers(dest="cmd", required=True)
-
+def _add_train(sub) -> None:
     t = sub.add_parser("train", help="train an algorithm on an env")
     t.add_argument("algo", help="algorithm, e.g. ppo (see `corral list`)")
     t.add_argument("env", nargs="?", default="CartPole-v1", help="Gymnasium id, module:callable or file.py:Class")
@@ -334,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     t.set_defaults(fn=_cmd_train)
 
+
+def _add_eval_resume_export(sub) -> None:
     e = sub.add_parser("eval", help="evaluate a run directory or checkpoint")
     e.add_argument("path")
     e.add_argument("--episodes", type=int, default=10)
@@ -378,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--json", action="store_true", help="print what was written as JSON")
     x.set_defaults(fn=_cmd_export)
 
+
+def _add_list_plot_ensemble(sub) -> None:
     li = sub.add_parser("list", help="algorithms, presets, env families")
     li.add_argument("--options", metavar="ALGO", help="every config key of ALGO with default and help")
     li.add_argument("--zoo", action="store_true", help="every entry of rl-zoo's bundled hyperparameter files: "
@@ -404,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     en.add_argument("--json", action="store_true")
     en.set_defaults(fn=_cmd_ensemble)
 
+
+def _add_tune_pbt(sub) -> None:
     for name, helptext in (("tune", "hyper-parameter search on Ray Tune (Optuna TPE or random, ASHA)"),
                            ("pbt", "population-based training on Ray Tune")):
         tp = sub.add_parser(name, help=helptext, description=helptext + "; docs/populations.md")
@@ -440,6 +443,15 @@ def build_parser() -> argparse.ArgumentParser:
         tp.add_argument("--resume", action="store_true", help="continue the interrupted search in --out")
         tp.add_argument("--json", action="store_true")
         tp.set_defaults(fn=_cmd_tune if name == "tune" else _cmd_pbt)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="corral", description="corral: deep reinforcement learning on PyTorch")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    _add_train(sub)
+    _add_eval_resume_export(sub)
+    _add_list_plot_ensemble(sub)
+    _add_tune_pbt(sub)
 
     from corral.bench.cli import add_parsers as add_bench_parsers
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from corral.storage import replay as replay_module
-from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer, ReplayCapacityError
+from corral.storage.prioritized import PrioritizedReplayBuffer
+from corral.storage.replay import ReplayBatch, ReplayBuffer, ReplayCapacityError
 from corral.storage.sumtree import SumTree
 
 torch.set_num_threads(1)

@@ -16,7 +16,8 @@ import torch
 
 from corral.envs.spaces import declare_frame_stack, frame_stack_of
 from corral.storage import replay as replay_module
-from corral.storage.replay import PrioritizedReplayBuffer, ReplayBuffer
+from corral.storage.prioritized import PrioritizedReplayBuffer
+from corral.storage.replay import ReplayBuffer
 
 torch.set_num_threads(1)
 

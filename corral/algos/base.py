@@ -40,6 +40,7 @@ import gymnasium as gym
 import torch
 
 from corral import optim
+from corral.policy import Policy, as_policy  # noqa: F401 (as_policy: re-exported, its old home)
 from corral.rng import RNGStreams
 
 Role = Literal["learner", "grad_worker", "actor"]
@@ -87,30 +88,6 @@ def index_record(record: Any, t) -> Any:
 
 def map_record(record: Any, fn) -> Any:
     return type(record)(*(fn(v) for v in record))
-
-
-class Policy:
-    """What evaluation and video act with: ``policy(obs) -> env actions`` for a batch, told
-    after every env step where episodes ended (``episodes_ended``), which a recurrent policy
-    needs to reset its state there. This one wraps a stateless function."""
-
-    def __init__(self, act):
-        self._act = act
-
-    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
-        return self._act(obs)
-
-    def episodes_ended(self, ended: torch.Tensor) -> None:
-        pass
-
-    def rewarded(self, reward: torch.Tensor) -> None:
-        """The env's rewards ``[N]`` for the step just taken, before ``episodes_ended`` (a policy
-        that takes its previous reward as an input, NGU's, keeps them)."""
-
-
-def as_policy(act) -> Policy:
-    """``act`` itself when it is a :class:`Policy`, else a stateless one around it."""
-    return act if isinstance(act, Policy) else Policy(act)
 
 
 class RecurrentPolicy(Policy):

@@ -29,7 +29,8 @@ from corral.errors import TrainingError, UserError
 from corral.optim import FlatAdam
 from corral.storage import storage_class
 from corral.storage.her import replay_options
-from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer, ReplayCapacityError
+from corral.storage.prioritized import PrioritizedReplayBuffer
+from corral.storage.replay import ReplayBatch, ReplayBuffer, ReplayCapacityError
 
 
 def drive(phases, step) -> Any:

@@ -15,6 +15,7 @@ from corral.envs.group import EPISODE_KEY, layers, reports_episodes
 from corral.envs.make import check_env, env_name, make_factory
 from corral.envs.spaces import flatten_parts
 from corral.errors import UserError
+from corral.policy import as_policy
 
 
 class VideoEpisode(NamedTuple):
@@ -122,8 +123,6 @@ def _play(env: gym.Env, act_fn: Callable, seed: int, max_steps: int, dev: torch.
     obs_space, act_space = env.observation_space, env.action_space
     obs_dtype = np.float32 if np.dtype(obs_space.dtype).kind == "f" else obs_space.dtype
     whole_episodes = reports_episodes(env)  # Atari: an episode is the whole game
-    from corral.algos.base import as_policy
-
     act_fn = as_policy(act_fn)
     act_fn.episodes_ended(torch.ones(1, dtype=torch.bool))  # a new episode (a recurrent policy resets)
     obs, _ = env.reset(seed=seed)

@@ -189,132 +189,160 @@ def solve_maxcut(
     (``policy``: the trained NodePolicy, or None). ``progress(record)`` is called about once
     a second with the best cut so far.
     """
-    from corral.train.learner import Learner
+    _check_settings(method, time_limit, num_envs, restart)
+    device = torch.device(device)
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    n, N = graph.n, num_envs
+    episode_length = episode_length or max(int(8 * perturb), n // 2)
+    flip_prob = min(0.25, perturb / n) * torch.logspace(-1, 1, N, base=2.0, device=device)
+    env = MaxCutEnv(graph, N, episode_length=episode_length, device=device, seed=seed, reward=reward)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed + 1)
+    run = _Search(env, gen, t0, restart, flip_prob, progress)
+    train_seconds = 0.0
 
+    run.random_starts()
+    run.report("start", force=True)
+    actor = None
+    updates = 0
+    if method == "greedy":
+        while time.perf_counter() < deadline:
+            run.random_starts()
+            run.report("greedy")
+    elif method == "tabu":
+        run.flips += _tabu_search(env, deadline, gen, run.report)
+    else:
+        if method == "ppo":
+            actor, obs, updates, train_seconds = _train_node_policy(run, seed, hidden, ppo, t0 + train_fraction * time_limit,
+                                                                    episode_length)
+        else:
+            env.start_from(run.restart_point(), flip_prob)
+            obs = env.reset()
+        run.flip_until(deadline, actor, obs, method)
+
+    return run.polished(graph, method, train_seconds, updates, actor)
+
+
+def _check_settings(method: str, time_limit: float, num_envs: int, restart: str) -> None:
     if method not in METHODS:
         raise UserError(f"unknown MaxCut method {method!r}; choose one of {', '.join(METHODS)}")
     if not time_limit > 0:
         raise UserError(f"the time limit must be positive, got {time_limit}")
     if num_envs < 1:
         raise UserError(f"the number of envs must be >= 1, got {num_envs}")
-    device = torch.device(device)
-    t0 = time.perf_counter()
-    deadline = t0 + time_limit
-    n, N = graph.n, num_envs
-    episode_length = episode_length or max(int(8 * perturb), n // 2)
     if restart not in ("best", "own", "mixed"):
         raise UserError(f"restart must be 'best', 'own' or 'mixed', got {restart!r}")
-    flip_prob = min(0.25, perturb / n) * torch.logspace(-1, 1, N, base=2.0, device=device)
-    env = MaxCutEnv(graph, N, episode_length=episode_length, device=device, seed=seed, reward=reward)
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed + 1)
-    history: list[tuple[float, float]] = []
-    flips = 0
-    train_seconds = 0.0
-    next_report = [t0 + 1.0]
 
-    def report(phase: str, force: bool = False) -> None:
+
+class _Search:
+    """One ``solve_maxcut`` run's state: the env and random stream, flips counted, the best-cut
+    history reported about once a second, and where episodes restart."""
+
+    def __init__(self, env: MaxCutEnv, gen: torch.Generator, t0: float, restart: str, flip_prob, progress):
+        self.env, self.gen, self.t0, self.restart, self.flip_prob, self.progress = env, gen, t0, restart, flip_prob, progress
+        self.N, self.n, self.device = env.num_envs, env.n, flip_prob.device
+        self.history: list[tuple[float, float]] = []
+        self.flips = 0
+        self.next_report = t0 + 1.0
+        self.own = torch.arange(self.N, device=self.device) % 2 == 1  # "mixed": odd envs restart from their own best
+
+    def report(self, phase: str, force: bool = False) -> None:
         now = time.perf_counter()
-        if not force and now < next_report[0]:
+        if not force and now < self.next_report:
             return
-        next_report[0] = now + 1.0
-        best = float(env.best_cut)  # the one host sync, about once a second
-        if not history or best > history[-1][1]:
-            history.append((round(now - t0, 3), best))
-        if progress is not None:
-            progress({"seconds": round(now - t0, 3), "cut": best, "phase": phase, "flips": flips})
+        self.next_report = now + 1.0
+        best = float(self.env.best_cut)  # the one host sync, about once a second
+        if not self.history or best > self.history[-1][1]:
+            self.history.append((round(now - self.t0, 3), best))
+        if self.progress is not None:
+            self.progress({"seconds": round(now - self.t0, 3), "cut": best, "phase": phase, "flips": self.flips})
 
-    def random_starts() -> None:
-        nonlocal flips
-        env.set_assignment(torch.rand(N, n, generator=gen, device=device) < 0.5)
-        flips += local_search(env) * N
+    def random_starts(self) -> None:
+        self.env.set_assignment(torch.rand(self.N, self.n, generator=self.gen, device=self.device) < 0.5)
+        self.flips += local_search(self.env) * self.N
 
-    own = torch.arange(N, device=device) % 2 == 1  # "mixed": odd envs restart from their own best
-
-    def restart_point() -> torch.Tensor:
-        if restart == "best":
+    def restart_point(self) -> torch.Tensor:
+        env = self.env
+        if self.restart == "best":
             return env.best_assignment
-        if restart == "own":
+        if self.restart == "own":
             return env.env_best_assignment
-        return torch.where(own.unsqueeze(1), env.env_best_assignment, env.best_assignment)
+        return torch.where(self.own.unsqueeze(1), env.env_best_assignment, env.best_assignment)
 
-    random_starts()
-    report("start", force=True)
-    actor = None
-    updates = 0
-    if method == "greedy":
-        while time.perf_counter() < deadline:
-            random_starts()
-            report("greedy")
-    elif method == "tabu":
-        flips += _tabu_search(env, deadline, gen, report)
-    else:
-        if method == "ppo":
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                actor = NodePolicy(n, hidden=hidden)
-            # Curriculum: first episodes from random assignments, where taking gains pays at once
-            # and the policy learns to climb within seconds; then the search's own episodes.
-            env.start_from(None)
-            env.max_episode_steps = max(16, min(n // 2, 512))
-            learner = Learner(ppo_config(N, seed, device, ppo), env=env, algo_cls=ppo_with_actor(actor),
-                              quiet=True)  # resets the env
-            train_start = time.perf_counter()
-            train_end = t0 + train_fraction * time_limit
-            switch = train_start + (train_end - train_start) / 2
-            n_steps = learner.cfg.algo_cfg.n_steps
-            # the Learner's own loop, an update at a time; between updates the search moves the
-            # env's start states (the stream goes on from ``learner.obs``)
-            for _ in learner.stream() if time.perf_counter() < train_end else ():
-                flips += n_steps * N
-                if not env.starts_random:
-                    env.start_from(restart_point(), flip_prob)
-                report("train")
-                if time.perf_counter() >= train_end:
-                    break
-                if env.starts_random and time.perf_counter() >= switch:
-                    env.max_episode_steps = episode_length
-                    env.start_from(restart_point(), flip_prob)
-                    learner.obs = env.reset()
-            updates = learner.algo.updates
-            env.max_episode_steps = episode_length
-            env.start_from(restart_point(), flip_prob)
-            train_seconds = time.perf_counter() - train_start
-            obs = learner.obs
-            actor.eval()
-        else:
-            env.start_from(restart_point(), flip_prob)
-            obs = env.reset()
-        chunk = 16
+    def polished(self, graph: Graph, method: str, train_seconds: float, updates: int, actor) -> dict:
+        """Steepest ascent from the best assignment found, and the run's result."""
+        env = self.env
+        env.set_assignment(env.best_assignment.unsqueeze(0).expand(self.N, self.n))
+        local_search(env)
+        self.report("polish", force=True)
+        best = env.best_assignment.to("cpu")
+        return {
+            "cut": float(cut_value(graph.to("cpu"), best)),
+            "assignment": (best > 0).to(torch.int8),
+            "seconds": round(time.perf_counter() - self.t0, 3),
+            "nodes": self.n,
+            "edges": graph.m,
+            "method": method,
+            "flips": self.flips,
+            "train_seconds": round(train_seconds, 3),
+            "updates": updates,
+            "history": self.history,
+            "policy": actor,
+        }
+
+    def flip_until(self, deadline: float, actor, obs, method: str, chunk: int = 16) -> None:
+        """Flips from ``actor`` (uniform where None) in every env until ``deadline``, episodes
+        restarting from perturbed best assignments."""
+        env, N = self.env, self.N
         while time.perf_counter() < deadline:
             for _ in range(chunk):
                 if actor is None:
-                    action = torch.randint(n, (N,), generator=gen, device=device)
+                    action = torch.randint(self.n, (N,), generator=self.gen, device=self.device)
                 else:
-                    action = actor.act(obs, generator=gen)
+                    action = actor.act(obs, generator=self.gen)
                 obs = env.step(action)[0]
-            flips += chunk * N
-            env.start_from(restart_point(), flip_prob)  # restarts perturb the best so far
-            report(method)
+            self.flips += chunk * N
+            env.start_from(self.restart_point(), self.flip_prob)  # restarts perturb the best so far
+            self.report(method)
 
-    # Polish: steepest ascent from the best assignment found.
-    env.set_assignment(env.best_assignment.unsqueeze(0).expand(N, n))
-    local_search(env)
-    report("polish", force=True)
-    best = env.best_assignment.to("cpu")
-    return {
-        "cut": float(cut_value(graph.to("cpu"), best)),
-        "assignment": (best > 0).to(torch.int8),
-        "seconds": round(time.perf_counter() - t0, 3),
-        "nodes": n,
-        "edges": graph.m,
-        "method": method,
-        "flips": flips,
-        "train_seconds": round(train_seconds, 3),
-        "updates": updates,
-        "history": history,
-        "policy": actor,
-    }
+
+def _train_node_policy(run: _Search, seed: int, hidden: int, ppo: dict | None, train_end: float, episode_length: int):
+    """PPO on the instance until ``train_end``: ``(policy, the env's observation, updates, seconds)``."""
+    from corral.train.learner import Learner
+
+    env, N, n, device = run.env, run.N, run.n, run.device
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        actor = NodePolicy(n, hidden=hidden)
+    # Curriculum: first episodes from random assignments, where taking gains pays at once
+    # and the policy learns to climb within seconds; then the search's own episodes.
+    env.start_from(None)
+    env.max_episode_steps = max(16, min(n // 2, 512))
+    learner = Learner(ppo_config(N, seed, device, ppo), env=env, algo_cls=ppo_with_actor(actor),
+                      quiet=True)  # resets the env
+    train_start = time.perf_counter()
+    switch = train_start + (train_end - train_start) / 2
+    n_steps = learner.cfg.algo_cfg.n_steps
+    # the Learner's own loop, an update at a time; between updates the search moves the
+    # env's start states (the stream goes on from ``learner.obs``)
+    for _ in learner.stream() if time.perf_counter() < train_end else ():
+        run.flips += n_steps * N
+        if not env.starts_random:
+            env.start_from(run.restart_point(), run.flip_prob)
+        run.report("train")
+        if time.perf_counter() >= train_end:
+            break
+        if env.starts_random and time.perf_counter() >= switch:
+            env.max_episode_steps = episode_length
+            env.start_from(run.restart_point(), run.flip_prob)
+            learner.obs = env.reset()
+    updates = learner.algo.updates
+    env.max_episode_steps = episode_length
+    env.start_from(run.restart_point(), run.flip_prob)
+    train_seconds = time.perf_counter() - train_start
+    actor.eval()
+    return actor, learner.obs, updates, train_seconds
 
 
 # PPO's settings for the node policy (``solve_maxcut(ppo=...)`` overrides them)

@@ -22,82 +22,24 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 import torch
 
 from corral.errors import TrainingError, UserError
 from corral.kernels.precision import update_matmul
 from corral.schemes.collector import (
-    Collector,
     FragmentData,
     FragmentMeta,
     collector_state,
-    driver_paths,
     merge_deltas,
     portable_env_spec,
     state_nbytes,
 )
+from corral.schemes.pool import CollectorFailed, LocalPool
+from corral.schemes.replay_loop import ReplayServerParts
 
 
-class CollectorFailed(Exception):
-    """A collector task failed; ``cause`` is what it raised (or why its process died)."""
-
-    def __init__(self, cause: BaseException):
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-class LocalPool:
-    """Collectors in this process, run one at a time when waited on. Same interface as
-    ``RayPool``: ``submit``, ``wait``, ``get``, ``restart``, ``put``, ``close``."""
-
-    def __init__(self, cfg, env_spec, num_workers: int, inits: list | None = None):
-        self.cfg, self.env_spec, self.num_workers = cfg, env_spec, num_workers
-        self.generations = [0] * num_workers
-        inits = inits or [None] * num_workers
-        self.collectors = [self._make(k, inits[k]) for k in range(num_workers)]
-        self.pending: list[tuple[int, tuple]] = []
-
-    def _make(self, k: int, init: dict | None = None) -> Collector:
-        return Collector(self.cfg, self.env_spec, k, self.num_workers, self.generations[k], driver_paths(), init)
-
-    def spaces(self):
-        return self.collectors[0].spaces()
-
-    def submit(self, k: int, params: Any, version: int, env_steps: int, want_state: bool = False) -> None:
-        self.pending.append((k, (params, version, env_steps, want_state)))
-
-    def wait(self, timeout: float | None = None) -> list:
-        if not self.pending:
-            return []
-        k, args = self.pending.pop(0)
-        try:
-            meta, data = self.collectors[k].collect(*args)
-        except Exception as e:  # noqa: BLE001 - any failure of a collector is restartable
-            return [(k, None, None, CollectorFailed(e))]
-        return [(k, meta, data, None)]
-
-    def get(self, data: FragmentData) -> FragmentData:
-        return data
-
-    def put(self, state: dict) -> dict:
-        return state
-
-    def restart(self, k: int) -> None:
-        self.collectors[k].close()
-        self.generations[k] += 1
-        self.collectors[k] = self._make(k)
-
-    def in_flight(self) -> int:
-        return len(self.pending)
-
-    def close(self) -> None:
-        for c in self.collectors:
-            c.close()
-
-
-class FragmentScheme:
+class FragmentScheme(ReplayServerParts):
     """The distributed stream over a pool of collectors (see the module docstring)."""
 
     def __init__(self, learner):
@@ -198,42 +140,6 @@ class FragmentScheme:
             if self.replay_server:
                 self.start_replay()
 
-    def start_replay(self) -> None:
-        """Move the learner's replay into a server; what it held (a resumed run) goes along."""
-        algo = self.learner.algo
-        local = algo.replay
-        server = self.make_replay(local)
-        if len(local):
-            state = local.state_dict()
-            if getattr(local, "server_state", None) is not None:  # a mid-run checkpoint's server state
-                state["server"], local.server_state = local.server_state, None
-            server.load_state_dict(state)
-            server.size = len(local)
-        self._local_replay = local
-        algo.replay = server
-
-    def make_replay(self, local):
-        from corral.schemes.replay_server import SERVERS, LocalReplay
-
-        algo = self.learner.algo
-        cls = SERVERS[algo.replay_items]
-        server = cls(algo.cfg, algo.num_envs, algo.obs_space, algo.act_space, self.learner.rng.seeds["replay"])
-        return LocalReplay(server, self.learner.device, local.capacity)
-
-    def stop_replay(self) -> None:
-        """Bring the replay back into the learner's algorithm, so the final checkpoint and
-        anything after the run see every transition."""
-        local = getattr(self, "_local_replay", None)
-        if local is None:
-            return
-        algo = self.learner.algo
-        try:
-            local.load_state_dict(algo.replay.state_dict())
-            local.server_state = None  # what the server had drawn ahead is not trained on after the run
-        finally:
-            algo.replay = local
-            self._local_replay = None
-
     def close(self, failing: bool = False) -> None:
         failing = failing or bool(getattr(self.learner, "failed", False))  # e.g. a hook's save found a part gone
         try:
@@ -326,19 +232,6 @@ class FragmentScheme:
                 f"{name} died and {'gradient workers have' if part == 'grad' else 'it has'} been restarted "
                 f"{count - 1} times (scheme.{limit}={getattr(self.sc, limit)}); the run ends with its last "
                 f"checkpoint; last error: {type(cause).__name__}: {last}") from None
-
-    def replay_snapshot(self) -> dict | None:
-        """The replay state of the learner's last checkpoint (``latest.pt``), or None."""
-        L = self.learner
-        path = L.run_dir / "checkpoints" / "latest.pt" if L.run_dir is not None else None
-        if path is None or not path.is_file():
-            return None
-        from corral.train.checkpoint import load_checkpoint
-
-        state = load_checkpoint(path)
-        if int(state["counters"]["env_steps"]) > L.env_steps:  # not this run's (cannot be ahead of it)
-            return None
-        return state["algo"].get("replay")
 
     def metrics(self, stats: dict) -> dict:
         out = dict(stats)
@@ -502,86 +395,3 @@ class FragmentScheme:
                 dispatch(k)
                 for stats in updates:
                     yield self.metrics(stats)
-
-    def _replay_server_loop(self):
-        """Ape-X: fragments go to the replay server; the learner trains at the in-process
-        replay ratio (``gradient_steps`` every ``train_freq`` vector steps, counted over all
-        collectors) and never waits on collectors while it owes updates."""
-        L, K = self.learner, self.K
-        algo = L.algo
-        cfg = algo.cfg
-        total = L.cfg.steps
-        n = L.cfg.env.num_envs
-        per_fragment = self.T * n
-        backlog = max(1, K * self.T // max(1, cfg.train_freq))  # updates owed before collectors pause
-        first = -(-cfg.learning_starts // n)  # the first vector step an in-process run may update at
-
-        def updates_by(vector_steps: int) -> int:
-            """Updates an in-process run has made after ``vector_steps``: one at every multiple
-            of train_freq from the first vector step with learning_starts env steps."""
-            return max(0, vector_steps // cfg.train_freq - (first - 1) // cfg.train_freq)
-
-        done = updates_by(algo.vector_steps)  # a resumed run made these already
-        busy: set[int] = set()
-        idle: set[int] = set(range(K))
-
-        def due() -> int:
-            nonlocal done
-            if not algo.replay.can_sample(cfg.batch_size):
-                # none owed while there is nothing to draw (as in-process, where an update needs
-                # a batch; after a server restarted empty, the updates missed are not made up)
-                done = updates_by(algo.vector_steps)
-                return 0
-            return updates_by(algo.vector_steps) - done
-
-        while L.env_steps < total:
-            for k in sorted(idle):
-                if due() <= backlog and L.env_steps + len(busy) * per_fragment < total:
-                    self.submit(k)
-                    busy.add(k)
-                    idle.discard(k)
-            arrived = self.wait(timeout=None if due() <= 0 else 0)
-            for k, meta, data, err in arrived:
-                busy.discard(k)
-                idle.add(k)
-                if err is not None:
-                    self.failed(k, err)
-                    continue
-                # the whole fragment, or as much as the step budget has room for
-                rows = min(self.T, -(-(total - L.env_steps) // n))
-                if rows <= 0:
-                    continue
-                algo.replay.add(data, rows, n, (meta.worker, meta.generation))
-                self.note_fragment(meta, self.version)
-                if self.fragment_callback is not None:
-                    self.fragment_callback(meta, data)
-                merge_deltas(algo.actor, meta.norm_deltas)
-                self.count_episodes(meta, rows)
-                L.add_steps(rows * n)
-                algo.advance(rows * n)
-            if due() > 0:
-                done += 1
-                stats = self._replay_update(algo, min(1.0, L.env_steps / total))
-                if stats is not None:
-                    self.version += 1
-                    yield self.metrics(stats)
-        while due() > 0:  # the updates the last fragments paid for
-            done += 1
-            stats = self._replay_update(algo, 1.0)
-            if stats is not None:
-                self.version += 1
-                yield self.metrics(stats)
-
-    def _replay_update(self, algo, progress: float) -> dict | None:
-        """One update against the replay server, or None when the server died during it and
-        its replacement holds less than a batch: the update is given up (counted in
-        ``replay_lost_updates``; its gradient steps already taken stay) and training goes on
-        once the collectors have refilled the server."""
-        from corral.schemes.replay_server import ReplayRestarted
-
-        try:
-            with update_matmul(self.learner.cfg.matmul):
-                return algo.update(progress)
-        except ReplayRestarted:
-            self.replay_lost_updates += 1
-            return None

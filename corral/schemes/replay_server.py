@@ -30,7 +30,8 @@ import torch
 from corral.envs.spaces import frame_stack_of
 from corral.rng import set_generator_state
 from corral.schemes.collector import FragmentData
-from corral.storage.replay import PrioritizedReplayBuffer, ReplayBatch, ReplayBuffer
+from corral.storage.prioritized import PrioritizedReplayBuffer
+from corral.storage.replay import ReplayBatch, ReplayBuffer
 
 
 class ReplayRestarted(Exception):

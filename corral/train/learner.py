@@ -30,6 +30,7 @@ from corral.rng import RNGStreams
 from corral.train.checkpoint import save_checkpoint
 from corral.train.hooks import CheckpointHook, EvalHook, MetricsHook, ProgressHook
 from corral.train.setup import build_config, keep_heap, make_env, new_run_dir, resolve_device
+from corral.train.tally import EpisodeTally
 
 
 def check_agents(cls, env, cfg) -> None:
@@ -50,33 +51,6 @@ def check_agents(cls, env, cfg) -> None:
     if cls.multi_agent and cfg.scheme.collectors > 1 and not cls.multi_agent_collectors:
         raise UserError(f"{cfg.algo}: Ray collectors are built for the on-policy multi-agent algorithms (ippo, "
                         "mappo), not this one yet; leave scheme.collectors at 1")
-
-
-class EpisodeTally:
-    """Episode ends of a device-resident run, kept on the device: each step's flags, returns
-    and lengths go into preallocated rows, read back in one go (in the order they ended, as
-    the per-step path reports them)."""
-
-    def __init__(self, num_envs: int, device: torch.device, rows: int = 256):
-        self.done = torch.zeros(rows, num_envs, dtype=torch.bool, device=device)
-        self.ret = torch.zeros(rows, num_envs, device=device)
-        self.len = torch.zeros(rows, num_envs, device=device)
-        self.rows, self.t = rows, 0
-
-    def add(self, done: torch.Tensor, returns: torch.Tensor, lengths: torch.Tensor) -> bool:
-        """Book one step; True when the rows are full (flush now)."""
-        self.done[self.t].copy_(done)
-        self.ret[self.t].copy_(returns)
-        self.len[self.t].copy_(lengths)
-        self.t += 1
-        return self.t == self.rows
-
-    def flush(self) -> tuple[list[float], list[float]]:
-        t, self.t = self.t, 0
-        if t == 0:
-            return [], []
-        done = self.done[:t]
-        return self.ret[:t][done].tolist(), self.len[:t][done].tolist()
 
 
 @dataclass
