@@ -352,7 +352,7 @@ def all_keys(cfg: Any, prefix: str = "") -> list[str]:
 # no single key for it, and ALIAS_NOTES says what to set instead. Keys SB3 and corral
 # share (n_steps, n_epochs, ent_coef, vf_coef, gae_lambda, clip_range, buffer_size,
 # exploration_final_eps, ...) need no entry. docs/config.md has this table for users.
-_PPO = "PPOConfig"  # IMPALA's config is a PPOConfig too (less gae_lambda and clip_range_vf)
+_PPO = "SurrogateConfig"  # PPO's options that IMPALA's config shares (corral/algos/ppo.py)
 _REPLAY = "OffPolicyConfig"
 _PG = "PolicyGradientConfig"  # A2C's and REINFORCE's
 ALIASES: dict[str, str | dict[str, str | None]] = {

@@ -2,12 +2,13 @@
 parameters lag behind the learner's, with the V-trace correction (``corral.returns.vtrace``).
 APPO is the preset with PPO's clipped surrogate on the V-trace advantages.
 
-A small diff over PPO: the same actor-critic, rollout storage, ``explore`` and ``observe``
-(stored log-probs are the behaviour policy mu); the update replaces GAE with V-trace
-targets computed from the current network on each minibatch, bootstrap value included
-(never a value from before the update's earlier minibatches). Minibatches split the envs
-(columns), so every sequence stays whole for the V-trace recursion; the loop around them is
-PPO's (``minibatch_plan`` / ``minibatch_step`` / ``finish``). Run in-process
+A member of the on-policy family (``corral.algos.onpolicy``): the loop's actor-critic, rollout
+storage, ``explore`` and ``observe`` (stored log-probs are the behaviour policy mu), and the
+parts it shares with PPO (``SurrogateParts``: Adam, reward scaling, the clip range's schedule,
+the target-KL stop). Its own parts: V-trace targets in place of GAE, computed from the current
+network on each minibatch, bootstrap value included (never a value from before the update's
+earlier minibatches); minibatches of env columns, so every sequence stays whole for the
+V-trace recursion; and its loss (``minibatch_step``). Run in-process
 (``scheme.collectors=1``) every fragment is on-policy and V-trace reduces to n-step
 returns; with ``scheme.collectors=K`` and ``scheme.collect=async`` collectors never wait
 for the learner.
@@ -16,18 +17,21 @@ for the learner.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from corral.algos.ppo import PPO, PPOConfig, normalized
+from corral.algos.onpolicy import normalized
+from corral.algos.ppo import SurrogateConfig, SurrogateParts
 from corral.config import option
 from corral.returns import rollout_next_values, vtrace
 
 
 @dataclass
-class IMPALAConfig(PPOConfig):
+class IMPALAConfig(SurrogateConfig):
+    """PPO's shared options (``SurrogateConfig``: no GAE lambda, no value clipping: its targets are
+    V-trace's, its value loss the paper's plain regression) with IMPALA's defaults and V-trace's."""
+
     n_steps: int = option(32, "unroll length: env steps per env in a fragment", ge=1)
     batch_size: int = option(0, "transitions per minibatch, whole env columns (0: the whole batch)", ge=0)
     n_epochs: int = option(1, "passes over each batch (IMPALA: 1; APPO: more)", ge=1)
@@ -39,16 +43,10 @@ class IMPALAConfig(PPOConfig):
     surrogate: bool = option(False, "APPO: PPO's clipped surrogate (clip_range) on the V-trace advantages")
     normalize_advantage: bool = option(False, "normalize the V-trace policy-gradient advantages per minibatch")
 
-    # PPO's options that IMPALA has no use for, taken out of its options (a ClassVar is not a
-    # dataclass field, so the key is refused as unknown): its targets are V-trace's (rho_bar,
-    # c_bar), not GAE's, and its value loss is the paper's plain regression, never clipped.
-    gae_lambda: ClassVar[None] = None
-    clip_range_vf: ClassVar[None] = None
 
-
-class IMPALA(PPO):
+class IMPALA(SurrogateParts):
     name = "impala"
-    grad_sharding = None  # PPO's minibatch sharding does not cover this update
+    grad_sharding = None  # minibatch sharding (PPO's) does not cover this update
     Config = IMPALAConfig
     STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "rho_mean", "rho_clipfrac")
     KL = 3

@@ -32,13 +32,16 @@ from corral.optim import FlatAdam
 
 
 @dataclass
-class PPOConfig(OnPolicyConfig):
+class SurrogateConfig(OnPolicyConfig):
+    """The options of PPO's update that IMPALA/APPO shares (``SurrogateParts``): minibatches and
+    epochs, the clip range (APPO's surrogate) and its schedule, the loss weights, Adam and its
+    gradient clip, the target-KL stop, reward scaling and a user's actor. ``PPOConfig`` adds
+    GAE's lambda and value clipping, which IMPALA has no use for."""
+
     batch_size: int = option(64, "minibatch size (rollout size n_steps*num_envs is split into these)", ge=1)
     n_epochs: int = option(10, "passes over each rollout", ge=1)
-    gae_lambda: float = option(0.95, "GAE lambda", ge=0, le=1)
     clip_range: float = option(0.2, "surrogate clip range epsilon", gt=0)
     clip_schedule: Schedule = option("constant", "constant, or linear (anneal to 0 over the run)")
-    clip_range_vf: float | None = option(None, "value clipping range (None: no value clipping)", gt=0)
     ent_coef: float = option(0.0, "entropy bonus coefficient", ge=0)
     vf_coef: float = option(0.5, "value loss coefficient", ge=0)
     max_grad_norm: float = option(0.5, "global gradient norm clip", gt=0)
@@ -47,6 +50,12 @@ class PPOConfig(OnPolicyConfig):
     normalize_reward: bool = option(False, "scale rewards by the running std of the discounted return")
     actor: str | None = actor_option()
     reward_clip: float = option(10.0, "clip scaled rewards to +-this (with normalize_reward)", gt=0)
+
+
+@dataclass
+class PPOConfig(SurrogateConfig):
+    gae_lambda: float = option(0.95, "GAE lambda", ge=0, le=1)
+    clip_range_vf: float | None = option(None, "value clipping range (None: no value clipping)", gt=0)
 
 
 STAT_NAMES = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
@@ -82,20 +91,18 @@ def ppo_loss(actor, obs, actions, old_log_probs, old_values, adv, ret, clip: flo
     return loss, stats
 
 
-class PPO(OnPolicy):
-    """PPO on the on-policy loop (``corral.algos.onpolicy``), with its parts: the clipped
-    surrogate (``ppo_loss``), epochs x shuffled minibatches, the clip range's schedule and
-    the target-KL stop. IMPALA/APPO, ppo_lstm, the bonus variants and MAPPO build on it."""
+class SurrogateParts(OnPolicy):
+    """The parts PPO and IMPALA/APPO share on the on-policy loop (``corral.algos.onpolicy``): a
+    user's ``actor`` class, Adam with a clipped gradient norm, reward scaling, the clip range's
+    schedule (the loss's parameter) and the target-KL stop. Each member adds its returns,
+    batcher and loss (PPO: GAE, shuffled minibatches, ``ppo_loss``; IMPALA: V-trace, env
+    columns, its own loss)."""
 
-    name = "ppo"
-    Config = PPOConfig
-    grad_sharding = "minibatches"
     # make_actor takes a user's actor class (``actor``); a subclass that builds its own declares False
     user_actor: ClassVar[bool] = True
-    STATS = STAT_NAMES
-    KL = STAT_NAMES.index("approx_kl")
+    KL: ClassVar[int]  # where the loss's statistics hold the approximate KL (``stop_early``)
 
-    def __init__(self, cfg: PPOConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
+    def __init__(self, cfg: SurrogateConfig, obs_space, act_space, num_envs, device, rng, role="learner"):
         if role == "learner":
             check_batch_size(self.name, cfg.batch_size, cfg.n_steps, num_envs)
         if cfg.actor is not None and not self.user_actor:
@@ -117,12 +124,27 @@ class PPO(OnPolicy):
     def reward_clip(self) -> float | None:
         return self.cfg.reward_clip if self.cfg.normalize_reward else None
 
-    # --- PPO's parts
     def schedules(self, progress: float):
         """The learning rate and the clip range at ``progress``; the clip range goes to the loss."""
         metrics, _ = super().schedules(progress)
         clip = scheduled(self.cfg.clip_range, self.cfg.clip_schedule, progress)
         return {**metrics, "clip_range": clip}, clip
+
+    def stop_early(self, stats: torch.Tensor) -> bool:
+        target_kl = self.cfg.target_kl
+        return target_kl is not None and stats[self.KL].item() > 1.5 * target_kl
+
+
+class PPO(SurrogateParts):
+    """PPO on the on-policy loop, with its parts: GAE, the clipped surrogate (``ppo_loss``),
+    epochs x shuffled minibatches, and the parts it shares with IMPALA (``SurrogateParts``).
+    ppo_lstm, the bonus variants and MAPPO build on it."""
+
+    name = "ppo"
+    Config = PPOConfig
+    grad_sharding = "minibatches"
+    STATS = STAT_NAMES
+    KL = STAT_NAMES.index("approx_kl")
 
     def whole_batch(self, rows: int) -> bool:
         return self.cfg.batch_size <= 0 or self.cfg.batch_size >= rows
@@ -141,7 +163,3 @@ class PPO(OnPolicy):
     def minibatch_loss(self, obs, actions, log_probs, values, adv, ret, clip: float, normalize_adv: bool):
         """``(loss, stats)`` of one minibatch (gradient workers call this too)."""
         return ppo_loss(self.actor, obs, actions, log_probs, values, adv, ret, clip, self.cfg, normalize_adv)
-
-    def stop_early(self, stats: torch.Tensor) -> bool:
-        target_kl = self.cfg.target_kl
-        return target_kl is not None and stats[self.KL].item() > 1.5 * target_kl

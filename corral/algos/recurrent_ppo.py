@@ -21,7 +21,7 @@ import torch
 from corral.actors.recurrent import RecurrentActorCritic
 from corral.algos.base import Step
 from corral.algos.impala import IMPALA, IMPALAConfig
-from corral.algos.onpolicy import PPOBatch, gae_batch, make_extractor
+from corral.algos.onpolicy import OnPolicyConfig, PPOBatch, gae_batch, make_extractor
 from corral.algos.ppo import PPO, PPOConfig, ppo_loss
 from corral.algos.recurrent import RecurrentColumns
 from corral.config import option
@@ -29,7 +29,9 @@ from corral.errors import UserError
 
 
 @dataclass
-class RecurrentPPOConfig(PPOConfig):
+class RecurrentCoreConfig(OnPolicyConfig):
+    """The recurrent core's options, which ppo_lstm and impala_lstm share (each with its loop's)."""
+
     recurrent: Literal["lstm", "gru"] = option("lstm", "the recurrent core: lstm or gru")
     core_size: int = option(64, "units of the recurrent core", ge=1)
     core_layers: int = option(1, "stacked layers of the recurrent core", ge=1)
@@ -40,6 +42,11 @@ class RecurrentPPOConfig(PPOConfig):
                              "refresh its stored start state (as far back as the rollout goes)", ge=0)
     hidden: tuple[int, ...] = option((64,), "hidden layer sizes of the policy and value heads after the core",
                                      ge=1)
+
+
+@dataclass
+class RecurrentPPOConfig(RecurrentCoreConfig, PPOConfig):
+    """PPO's options with the recurrent core's."""
 
 
 class RecurrentExtras(NamedTuple):
@@ -251,7 +258,7 @@ class RecurrentPPO(RecurrentActorCriticParts, PPO):
 
 
 @dataclass
-class RecurrentIMPALAConfig(IMPALAConfig, RecurrentPPOConfig):
+class RecurrentIMPALAConfig(IMPALAConfig, RecurrentCoreConfig):
     """IMPALA's options with the recurrent core's; ``seq_len`` (None: ``n_steps``) must divide
     ``n_steps``: each fragment is re-run in sequences from the states its collector stored."""
 
