@@ -32,21 +32,20 @@ import warnings
 DISCRETE_ONLY = {"dqn", "qrdqn"}
 CONTINUOUS_ONLY = {"sac", "td3", "ddpg", "tqc", "crossq"}
 DEFAULT_CANDIDATES = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", "MountainCarContinuous-v0",
-                      "InvertedPendulum-v5"]
+                      "InvertedPendulum-v5", "CartPoleNoVel-v1"]  # (the last: dqn.yml has every discrete one above)
 
 
 def env_status(env_id: str) -> tuple[bool, str]:
-    """Whether the env can be made here (registered and its dependencies installed)."""
+    """Whether the env can be made here, resolved as a run resolves it (ALE, PyBullet, MiniGrid
+    and corral's own ids register on demand): registered and its dependencies installed."""
     import gymnasium as gym
 
-    from corral.envs.atari import register_ale
+    from corral.envs.make import make_factory
 
-    if env_id.startswith("ALE/"):
-        register_ale()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
-            env = gym.make(env_id)
+            env = make_factory(env_id, {}, atari_wrappers=False)()
             discrete = isinstance(env.action_space, gym.spaces.Discrete)
             env.close()
         return True, "discrete" if discrete else "continuous"
@@ -112,7 +111,7 @@ def walk(steps: int = 2000, seed: int = 0, only: list[str] | None = None, limit:
     entries not run: ``algo missing``, ``env not installed``)."""
     from corral.algos import ALGOS
     from corral.train.setup import _is_atari
-    from corral.zoo import translate
+    from corral.zoo import missing_algo_reason, translate
 
     rows = []
     for algo, key, data in entries():
@@ -123,7 +122,7 @@ def walk(steps: int = 2000, seed: int = 0, only: list[str] | None = None, limit:
         row = {"algo": algo, "entry": key, "env": None}
         rows.append(row)
         if algo not in ALGOS:
-            row.update(result="algo missing", why=f"corral has no {algo!r} (issue 39, part 3)")
+            row.update(result="algo missing", why=missing_algo_reason(algo))
             continue
         env_id = env_for(algo, key, data, atari_game)
         row["env"] = env_id
@@ -171,6 +170,14 @@ def report(result: dict, out=sys.stdout) -> None:
         print("failed:", file=out)
         for r in failed:
             print(f"  {r['algo']}/{r['entry']}: {r['why']}", file=out)
+    not_run = collections.defaultdict(list)
+    for r in result["rows"]:
+        if r["result"] in ("algo missing", "env not installed"):
+            not_run[f"{r['result']}: {r['why']}"].append(f"{r['algo']}/{r['entry']}")
+    if not_run:
+        print("not run (entries):", file=out)
+        for why, names in sorted(not_run.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            print(f"  {len(names):3d}  {why}\n       {', '.join(names)}", file=out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,6 +61,9 @@ class EnvConfig:
     atari_wrappers: bool = option(True, "standard Atari preprocessing for ALE ids (evaluation drops episodic life and clipping)")
     mask_obs: tuple[int, ...] | None = option(
         None, "zero these entries of a Box observation, e.g. [1, 3] hides CartPole's velocities (as CartPoleNoVel-v1)")
+    wrappers: list = option(
+        [], "Gymnasium wrappers around each env, innermost first: import paths (minigrid.wrappers.FlatObsWrapper) "
+            "or {path: {argument: value}} (rl-zoo's env_wrapper; corral/envs/wrapped.py)")
     opponents: tuple[str, ...] = option(
         (), "multi-agent envs: agents (names or patterns such as adversary_*) that act at random and are not "
             "trained, a fixed opponent (corral/envs/opponents.py)")

@@ -435,10 +435,11 @@ def _policy_kwarg(k: str, v: Any, allkw: dict, ctx: Context) -> Pairs:
 
 
 def _env_wrapper(value: Any, ctx: Context) -> Pairs:
-    """env.atari_wrappers (SB3's AtariWrapper with its defaults is corral's Atari preprocessing); other wrappers
-    refused"""
+    """env.atari_wrappers (SB3's AtariWrapper with its defaults is corral's Atari preprocessing); any other wrapper
+    whose package is installed: env.wrappers, with its arguments (imported when the envs are made)"""
     items = value if isinstance(value, list) else [value]
     pairs: Pairs = []
+    others: list = []  # env.wrappers, in the entry's order (outside corral's Atari preprocessing)
     for item in items:
         if isinstance(item, dict):
             if len(item) != 1:
@@ -448,6 +449,8 @@ def _env_wrapper(value: Any, ctx: Context) -> Pairs:
             name, kwargs = item, {}
         kwargs = kwargs or {}
         if name == "stable_baselines3.common.atari_wrappers.AtariWrapper":
+            if others:
+                raise Refused("AtariWrapper after another wrapper: corral's Atari preprocessing is the innermost")
             if not ctx.is_atari:
                 raise Refused(f"AtariWrapper on {ctx.env_id!r}, which is not an ALE game")
             same = {"noop_max": 30, "frame_skip": 4, "screen_size": 84, "terminal_on_life_loss": True,
@@ -460,8 +463,14 @@ def _env_wrapper(value: Any, ctx: Context) -> Pairs:
                               "its settings are not config keys")
             pairs.append(("env.atari_wrappers", True))
             continue
-        raise Refused(f"{name}: corral has no env-wrapper key; wrap the env in a factory of your own and give it as "
-                      "ENV (module:callable)")
+        if not isinstance(name, str) or not isinstance(kwargs, dict):
+            raise Refused(f"expected a wrapper's import path, or {{path: {{argument: value}}}}, got {item!r}")
+        package = name.replace(":", ".").split(".")[0]
+        if not package or importlib.util.find_spec(package) is None:  # (found, not imported: an import can patch Gymnasium)
+            raise Refused(f"{name}: its package {package!r} is not installed here")
+        others.append({name: dict(kwargs)} if kwargs else name)
+    if others:
+        pairs.append(("env.wrappers", others))
     return pairs
 
 
@@ -777,6 +786,15 @@ def load_entry(algo: str, env_id: str, *, path: str | None = None, data: dict | 
     return translate(algo, data, env_id, is_atari=is_atari, source=path or "the file", algo_cfg=algo_cfg)
 
 
+def missing_algo_reason(algo: str) -> str:
+    """Why a bundled file's algorithm is not one corral runs."""
+    if algo == "her":
+        return ("her.yml is rl-zoo 1.x's layout (model_class names the algorithm); corral's HER is the replay of "
+                "sac / td3 / ddpg / dqn (replay: her), given in the algorithm's own file as replay_buffer_class: "
+                "HerReplayBuffer, as SB3 >= 1.1 writes it")
+    return f"corral has no {algo!r}"
+
+
 def list_entries() -> list[dict]:
     """Every entry of rl_zoo3's bundled files: algo, env, and "ok" or the refusal reasons
     (``corral list --zoo``). Env ids that are not registered here are reported as such."""
@@ -793,7 +811,7 @@ def list_entries() -> list[dict]:
             row = {"algo": algo, "env": env_id, "status": "ok", "reasons": {}}
             if algo not in ALGOS:
                 row["status"] = "refused"
-                row["reasons"] = {"algo": f"corral has no {algo!r} (issue 39, part 3)"}
+                row["reasons"] = {"algo": missing_algo_reason(algo)}
                 rows.append(row)
                 continue
             if env_id not in ZOO_SPECIAL:

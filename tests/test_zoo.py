@@ -255,6 +255,68 @@ def test_crossq_net_arch_with_qf_sizes_and_ppo_lstm_cores():
     assert not t.refused and pairs["ppo_lstm.core_size"] == 32 and pairs["ppo_lstm.shared_core"] is False
 
 
+def test_env_wrapper_becomes_env_wrappers_and_wraps_every_env_the_run_makes(zoo_file):
+    import torch
+
+    from corral.train.setup import make_env
+
+    text = """
+CartPole-v1:
+  n_timesteps: 1000
+  policy: 'MlpPolicy'
+  env_wrapper:
+    - gymnasium.wrappers.TimeLimit:
+        max_episode_steps: 7
+"""
+    cfg = build_config("ppo", "CartPole-v1", config_file=zoo_file("ppo.yml", text))
+    assert cfg.env.wrappers == [{"gymnasium.wrappers.TimeLimit": {"max_episode_steps": 7}}]
+    for evaluation in (False, True):  # training and evaluation envs alike, as rl-zoo wraps both
+        env = make_env(cfg, num_envs=2, evaluation=evaluation)
+        env.reset(seed=0)
+        lengths = []
+        for _ in range(20):
+            _, _, terminated, truncated, info = env.step(torch.zeros(2, dtype=torch.long))
+            done = terminated | truncated
+            lengths += info["episode_length"][done].tolist()
+        env.close()
+        assert lengths and max(lengths) <= 7 and 7 in lengths
+    # a plain path, and one whose package is not installed (refused with the reason)
+    data = {"MiniGrid-Empty-5x5-v0": {"n_timesteps": 10, "policy": "MlpPolicy",
+                                      "env_wrapper": "minigrid.wrappers.FlatObsWrapper"}}
+    pairs = dict(Z.translate("ppo", data, "MiniGrid-Empty-5x5-v0", is_atari=False).pairs)
+    assert pairs["env.wrappers"] == ["minigrid.wrappers.FlatObsWrapper"]
+    data = {"Pendulum-v1": {"n_timesteps": 10, "policy": "MlpPolicy",
+                            "env_wrapper": [{"nosuchpackage.wrapper.AutoencoderWrapper": {"ae_path": "x"}}]}}
+    refused = Z.translate("sac", data, "Pendulum-v1", is_atari=False).refused
+    assert "'nosuchpackage' is not installed" in refused["env_wrapper"]
+
+
+@pytest.mark.parametrize("wrappers, needle", [
+    (["gymnasium.wrappers.NoSuchWrapper"], "has no 'NoSuchWrapper'"),
+    (["nosuchpackage.Wrapper"], "cannot import 'nosuchpackage'"),
+    ([{"gymnasium.wrappers.TimeLimit": {"max_steps": 3}}], r"TimeLimit\(max_steps=3\) failed"),
+    ([3], "is not a wrapper"),
+])
+def test_env_wrappers_bad_input_is_one_message_naming_the_wrapper(wrappers, needle):
+    from corral.train.setup import make_env
+
+    cfg = build_config("ppo", "CartPole-v1", overrides={"env.wrappers": wrappers})
+    with pytest.raises(UserError, match=needle):
+        make_env(cfg, num_envs=1).close()
+
+
+def test_memory_checks_see_an_address_space_limit():
+    # the walk runs under `ulimit -v`: a replay past it (qrdqn's Atari entry, 1M frames) must be
+    # refused by the replay's own check with its numbers, not crash in the allocator
+    code = ("import resource; from corral.storage.replay_parts import available_memory as a; "
+            "used = next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmSize:')); "
+            "hard = resource.getrlimit(resource.RLIMIT_AS)[1]; "
+            "resource.setrlimit(resource.RLIMIT_AS, (used + 2**30, hard)); print(a('cpu'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert 0 < int(out.stdout) <= 2**30
+
+
 # --- schedules and the restricted parser
 
 
@@ -384,9 +446,14 @@ def test_list_zoo_shows_ok_and_refused_entries(capsys):
 
 @pytest.mark.skipif(not HAVE_ZOO, reason="rl_zoo3 is not installed (pip install 'corral[zoo]')")
 def test_zoo_entries_script_on_a_sample():
+    # MiniGrid's entry names an env_wrapper (minigrid.wrappers.FlatObsWrapper: env.wrappers); her.yml's
+    # algorithm is not one corral runs (its reason is listed)
+    sample = "ppo/CartPole-v1,dqn/CartPole-v1,ppo/Pendulum-v1,ars/CartPole-v1,ppo/MiniGrid-Empty-Random-5x5-v0," \
+             "her/FetchReach-v1"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "zoo_entries.py"), "--steps", "300",
-                           "--only", "ppo/CartPole-v1,dqn/CartPole-v1,ppo/Pendulum-v1"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+                           "--only", sample], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "3 entries: 2 ran, 1 refused, 0 failed" in proc.stdout
-    assert "use_sde" in proc.stdout
+    assert "6 entries: 4 ran, 1 refused, 0 failed; not run: 1 algorithm not in corral" in proc.stdout
+    assert "use_sde" in proc.stdout and "her.yml is rl-zoo 1.x's layout" in proc.stdout
+    ran = [ln.split()[0] for ln in proc.stdout.splitlines() if len(ln.split()) > 2 and "ran" in ln.split()[1:3]]
+    assert "ppo/MiniGrid-Empty-Random-5x5-v0" in ran and "ars/CartPole-v1" in ran

@@ -36,6 +36,7 @@ def make_vec_env(
     num_workers: int | None = None,
     check_finite: bool = True,
     max_episode_steps: int | None = None,
+    wrappers: list | None = None,
     mask_obs: tuple[int, ...] | None = None,
     multi_agent: bool | None = None,
     opponents: tuple[str, ...] = (),
@@ -62,6 +63,8 @@ def make_vec_env(
     ``max_episode_steps``: truncate episodes after this many agent steps (None: the env's own
     limit; Atari's is 108,000 frames). Native envs keep their built-in limit and refuse one.
 
+    ``wrappers``: Gymnasium wrappers around each env by import path (``corral.envs.wrapped``).
+
     ``mask_obs``: observation entries to zero (``corral.envs.masked``), for Box observations.
 
     ``multi_agent``: build a :class:`corral.envs.multiagent.MultiAgentVecEnv` (PettingZoo envs,
@@ -80,6 +83,8 @@ def make_vec_env(
     if multi_agent or (multi_agent is None and is_multiagent_spec(spec)):
         if mask_obs:
             raise UserError(f"env.mask_obs applies to single-agent envs, not the multi-agent {name!r}")
+        if wrappers:
+            raise UserError(f"env.wrappers wrap single-agent envs, not the multi-agent {name!r}: leave it empty")
         return make_multiagent_vec_env(spec, num_envs, kwargs, device, backend, max_episode_steps=max_episode_steps,
                                        check_finite=check_finite, opponents=opponents, pixels=pixels)
     if opponents:
@@ -90,6 +95,9 @@ def make_vec_env(
     if mask_obs and (backend in ("native", "envpool") or (isinstance(spec, str) and spec.startswith("native:"))):
         raise UserError(f"env.mask_obs applies to sync and subproc envs, not the {backend} backend of {name!r}: "
                         "use env.backend=sync (or native:CartPoleNoVel-v1 for a masked native CartPole)")
+    if wrappers and (backend in ("native", "envpool") or (isinstance(spec, str) and spec.startswith("native:"))):
+        raise UserError(f"env.wrappers wrap sync and subproc envs, not the {backend} backend of {name!r}: "
+                        "use env.backend=sync")
     if isinstance(spec, str) and (spec.startswith("native:") or backend == "native"):
         if max_episode_steps is not None:
             raise UserError(f"env {name!r}: native envs keep their built-in episode limit; an episode cap "
@@ -107,6 +115,10 @@ def make_vec_env(
         from corral.envs.masked import MaskedFactory
 
         factory = MaskedFactory(factory, mask_obs)
+    if wrappers:
+        from corral.envs.wrapped import WrappedFactory
+
+        factory = WrappedFactory(factory, wrappers)
     if backend == "subproc":
         return SubprocVecEnv(factory, num_envs, env_id=name, device=device, num_workers=num_workers, strict=strict,
                              on_error=on_error, max_restarts=max_restarts, check_finite=check_finite)

@@ -117,13 +117,29 @@ def available_memory(device: torch.device | str = "cpu") -> int | None:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    return min(int(line.split()[1]) * 1024, _address_space_left())
     except (OSError, ValueError, IndexError):
         pass
     try:  # Not Linux, or an old kernel: free pages is a smaller, safe estimate.
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def _address_space_left() -> int:
+    """What an address-space limit (``ulimit -v``, RLIMIT_AS) leaves this process, else no bound:
+    under one, an allocation past it fails however much memory the machine has free."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return 2**62
+        with open("/proc/self/status") as f:
+            used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+        return max(0, limit - used)
+    except (ImportError, OSError, ValueError, StopIteration):
+        return 2**62
 
 
 def _gib(n: int) -> str:

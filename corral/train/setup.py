@@ -34,7 +34,8 @@ def make_env(cfg: C.TrainConfig, spec: Any = None, device: Any = "cpu", num_envs
     multi_agent = True if get_algo(cfg.algo).cls.multi_agent else None  # else: as the env spec says
     return make_vec_env(spec, num_envs or ec.num_envs, env_kwargs(cfg, spec), device, ec.backend,
                         atari_wrappers=atari, strict=ec.strict, on_error=ec.on_error, max_episode_steps=cap,
-                        mask_obs=ec.mask_obs, multi_agent=multi_agent, opponents=ec.opponents, pixels=ec.pixels)
+                        mask_obs=ec.mask_obs, multi_agent=multi_agent, opponents=ec.opponents, pixels=ec.pixels,
+                        wrappers=ec.wrappers)
 
 
 def env_kwargs(cfg: C.TrainConfig, spec: Any = None) -> dict:
