@@ -11,8 +11,10 @@ per step). The step keeps the ``b = n_top`` directions with the largest ``max(r+
 
 ``sigma_R`` the standard deviation of those ``2b`` returns (``ars_step``). V2
 (``normalize_obs``) feeds the policy ``(x - mu) / sigma`` with the mean and standard deviation
-of every state seen so far, frozen within an iteration and refreshed at its end (the paper's
-Algorithm 2; all candidates of an iteration see the same normalization).
+of every state seen so far: updated with every vector step before it is normalized
+(``norm_update=step``, what rl-zoo's ``VecNormalize`` does around sb3-contrib's ARS), or
+frozen within an iteration and refreshed at its end (``norm_update=iteration``, the paper's
+Algorithm 2: all candidates of an iteration see the same normalization).
 
 **Candidates on the env columns.** Every env column evaluates one candidate per episode, so a
 vector env of ``2 n_delta`` copies scores a whole iteration in parallel (batched: each column's
@@ -57,8 +59,12 @@ class ARSConfig:
     zero_policy: bool = option(True, "start from theta = 0 (else from the network's random initialization)")
     alive_bonus_offset: float = option(0.0, "added to every step's reward in the candidates' returns (cancels an "
                                             "env's alive bonus)")
-    normalize_obs: bool = option(False, "V2: observations normalized by the mean and std of every state seen, "
-                                        "refreshed at the end of each iteration (False: V1)")
+    normalize_obs: bool = option(False, "V2: observations normalized by the mean and std of every state seen "
+                                        "(False: V1)")
+    norm_update: Literal["step", "iteration"] = option(
+        "step", "V2's statistics: step (updated with every vector step, each observation normalized with statistics "
+                "that include it: rl-zoo's VecNormalize) or iteration (frozen within an iteration, refreshed at its "
+                "end: the paper's Algorithm 2)")
     hidden: tuple[int, ...] = option((), "hidden layer sizes (empty: the paper's linear policy, no bias; else an MLP "
                                          "with biases and, for Box actions, a tanh-squashed output)", ge=1)
     activation: Literal["relu", "tanh"] = option("relu", "hidden activation of an MLP policy")
@@ -100,7 +106,9 @@ class ARSPolicy(nn.Module):
         self.register_buffer("theta", theta)
         self.register_buffer("deltas", torch.zeros(cfg.n_delta, size))
         self.register_buffer("iteration", torch.zeros((), dtype=torch.long))
-        # V2: ``obs_norm`` normalizes (frozen within an iteration); ``seen`` folds every state acted on
+        # V2: ``seen`` folds every state acted on; ``obs_norm`` normalizes, a copy of ``seen`` frozen within
+        # an iteration (norm_update=iteration), else unused: ``seen`` itself normalizes (norm_update=step)
+        self.per_step = cfg.norm_update == "step"
         self.obs_norm = RunningNormalizer((self.obs_dim,), enabled=cfg.normalize_obs)
         self.seen = RunningNormalizer((self.obs_dim,), enabled=cfg.normalize_obs)
         if not self.discrete:
@@ -112,9 +120,9 @@ class ARSPolicy(nn.Module):
 
     def normalize(self, obs: torch.Tensor, update: bool = False) -> torch.Tensor:
         x = obs.reshape(obs.shape[0], -1).float()
-        if update:
+        if update:  # first the statistics, then the normalization (VecNormalize's order)
             self.seen.update(x)
-        return self.obs_norm(x)
+        return (self.seen if self.per_step else self.obs_norm)(x)
 
     def outputs(self, x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
         """Logits / actions before the bounds for inputs ``x [N, in]`` under ``params``: one flat
@@ -291,7 +299,7 @@ class ARS(Algorithm):
                                 "check the env's rewards")
         change, stats = ars_step(self.returns, actor.deltas, self.n_top, cfg.lr)
         actor.theta += change
-        if cfg.normalize_obs:  # V2: the next iteration normalizes with every state seen so far
+        if cfg.normalize_obs and not actor.per_step:  # the next iteration normalizes with every state seen so far
             actor.obs_norm.load_state_dict(actor.seen.state_dict())
         stats.update(return_mean=float(self.returns.mean()), return_max=float(self.returns.max()),
                      candidate_length=float(self.lengths.float().mean()),
