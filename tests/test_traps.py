@@ -265,7 +265,12 @@ def _same(a, b, where="state"):
         assert a == b, (where, a, b)
 
 
-def test_a_mid_run_apex_checkpoint_holds_the_replay_servers_whole_state_and_resume_restores_it(tmp_path):
+@pytest.mark.parametrize("learner_on_another_device", [False, True])
+def test_a_mid_run_apex_checkpoint_holds_the_replay_servers_whole_state_and_resume_restores_it(
+        tmp_path, monkeypatch, learner_on_another_device):
+    """``learner_on_another_device``: the learner's own buffer cannot hold the server's CPU
+    generator state (a learner on a GPU, simulated here by a generator that refuses it); the
+    server must still resume on its saved sampling stream."""
     import shutil
 
     from corral.schemes.fragments import FragmentScheme
@@ -303,6 +308,17 @@ def test_a_mid_run_apex_checkpoint_holds_the_replay_servers_whole_state_and_resu
     assert seen and 1536 <= seen["env_steps"] < 3072 and seen["queue"]
 
     mid = load_checkpoint(tmp_path / "mid.pt")
+    if learner_on_another_device:
+        import corral.storage.replay_state as replay_state
+        from corral.rng import set_generator_state
+
+        calls = []
+
+        def learner_first(gen, state):  # the learner's buffer loads first and reseeds, as a cuda one does
+            calls.append(gen)
+            return set_generator_state(gen, state[:16] if len(calls) == 1 else state)
+
+        monkeypatch.setattr(replay_state, "set_generator_state", learner_first)
     replay = mid["algo"]["replay"]
     server_part = replay["server"]
     _same({k: v for k, v in replay.items() if k != "server"}, seen["buffer"], "replay")  # rows, tree, beta step, RNG

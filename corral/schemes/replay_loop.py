@@ -21,6 +21,8 @@ class ReplayServerParts:
             state = local.state_dict()
             if getattr(local, "server_state", None) is not None:  # a mid-run checkpoint's server state
                 state["server"], local.server_state = local.server_state, None
+                if getattr(local, "server_generator", None) is not None:  # as saved, not as a GPU buffer reseeded it
+                    state["generator"], local.server_generator = local.server_generator, None
             server.load_state_dict(state)
             server.size = len(local)
         self._local_replay = local

@@ -106,3 +106,6 @@ class ReplayStateParts:
         self._young_cache = None
         set_generator_state(self._generator, state["generator"])  # reseeded if saved on another device type
         self.server_state = state.get("server")  # a replay server's own state (Ape-X), for start_replay
+        # With a server's state, the generator is the server's sampling stream (a CPU one): a
+        # learner's buffer on a GPU cannot hold it, so start_replay hands the server this copy.
+        self.server_generator = state["generator"] if self.server_state is not None else None
