@@ -87,10 +87,10 @@ def _cmd_solve(args) -> int:
     where = f"; solution in {out}" if out is not None else ""
     if kind == "maxcut":
         if args.json:
-            print(json.dumps({"cut": value, "seconds": result.seconds, "nodes": problem.n,
+            print(json.dumps({"cut": value, "seconds": result.seconds, "nodes": problem.graph.n,
                               "edges": problem.graph.m}))
         else:
-            print(f"best cut {value} on {problem.name} ({problem.n} nodes, {problem.graph.m} edges) "
+            print(f"best cut {value} on {problem.name} ({problem.graph.n} nodes, {problem.graph.m} edges) "
                   f"in {result.seconds:.1f}s with {method}{where.replace('solution', 'assignment')}")
         return 0
     if args.json:

@@ -28,7 +28,7 @@ from torch import nn
 
 from corral.errors import UserError
 from corral.nets import CategoricalHead
-from corral.problems.base import Problem
+from corral.problems.base import InfeasibleSolution, Problem
 from corral.problems.graphs import Graph
 from corral.problems.maxcut import FEATURES, MaxCutEnv, cut_value
 
@@ -171,8 +171,15 @@ def solve_maxcut(
     restart: str = "mixed",
     progress: Callable[[dict], None] | None = None,
     ppo: dict | None = None,
+    reduce: bool = True,
 ) -> dict:
     """Search for a maximum cut of ``graph`` for about ``time_limit`` seconds.
+
+    With ``reduce`` (the default), the exact degree-0/1/2 reductions of
+    :mod:`corral.problems.reduce` run first, the search below runs on the reduced graph, and its
+    best assignment is lifted back; the cut, the history and ``progress`` are in the original
+    graph's terms (the reduced cut plus the constant), and the cut is recomputed on the original
+    graph. The record then also has ``reduced_nodes``, ``reduced_edges``, ``constant``.
 
     Every method starts with steepest ascent from random assignments in all envs. For
     ``"ppo"`` and ``"random"``, episodes then restart with about ``perturb`` random flips
@@ -190,6 +197,48 @@ def solve_maxcut(
     a second with the best cut so far.
     """
     _check_settings(method, time_limit, num_envs, restart)
+    settings = dict(num_envs=num_envs, seed=seed, device=device, method=method, train_fraction=train_fraction,
+                    perturb=perturb, episode_length=episode_length, hidden=hidden, reward=reward, restart=restart,
+                    ppo=ppo)
+    if not reduce:
+        return _search_graph(graph, time_limit, progress=progress, **settings)
+    return _solve_reduced(graph, time_limit, progress, settings)
+
+
+def _solve_reduced(graph: Graph, time_limit: float, progress, settings: dict) -> dict:
+    """``solve_maxcut`` on the reduced graph, lifted back (see ``reduce``)."""
+    from corral.problems.reduce import reduce_maxcut
+
+    t0 = time.perf_counter()
+    red = reduce_maxcut(graph)
+    const = red.constant
+    if red.reduced.n == 0:  # solved by the reductions alone
+        r = {"cut": 0.0, "assignment": torch.zeros(0, dtype=torch.int8), "history": [], "flips": 0,
+             "train_seconds": 0.0, "updates": 0, "policy": None, "method": settings["method"]}
+    else:
+        def shifted(rec: dict) -> None:
+            if progress is not None:
+                progress({**rec, "cut": rec["cut"] + const, "seconds": round(rec["seconds"] + red.seconds, 3)})
+
+        remaining = max(1e-3, time_limit - (time.perf_counter() - t0))
+        r = _search_graph(red.reduced, remaining, progress=shifted if progress is not None else None, **settings)
+    assignment = red.lift(r["assignment"])
+    cut = float(cut_value(graph.to("cpu"), assignment))
+    if abs(cut - (r["cut"] + const)) > 1e-6 * max(1.0, abs(cut)):
+        raise RuntimeError(f"MaxCut reductions: the lifted cut {cut} is not the reduced cut {r['cut']} "
+                           f"+ the constant {const}")
+    seconds = round(time.perf_counter() - t0, 3)
+    history = [(round(t + red.seconds, 3), c + const) for t, c in r["history"]]
+    if not history or history[-1][1] < cut:
+        history.append((seconds, cut))
+    return {**r, "cut": cut, "assignment": assignment, "seconds": seconds, "nodes": graph.n, "edges": graph.m,
+            "history": history, "reduced_nodes": red.reduced.n, "reduced_edges": red.reduced.m, "constant": const}
+
+
+def _search_graph(graph: Graph, time_limit: float, num_envs: int, seed: int, device, method: str,
+                  train_fraction: float, perturb: float, episode_length: int | None, hidden: int, reward: str,
+                  restart: str, progress, ppo: dict | None) -> dict:
+    """``solve_maxcut``'s search on ``graph`` itself (no reductions)."""
     device = torch.device(device)
     t0 = time.perf_counter()
     deadline = t0 + time_limit
@@ -380,32 +429,60 @@ def ppo_with_actor(actor: torch.nn.Module) -> type:
 class MaxCutProblem(Problem):
     """MaxCut under the shared problem interface (:mod:`corral.problems.base`): a row ``x`` is
     the 0/1 side of every node, every row is feasible, ``score`` is the cut, and ``improve`` is
-    the steepest ascent of the solver (``maxcut_solver.local_search``) on a :class:`MaxCutEnv`."""
+    the steepest ascent of the solver (``maxcut_solver.local_search``) on a :class:`MaxCutEnv`.
+
+    With ``reduce`` (the default) the search runs on the graph left by the exact reductions of
+    :mod:`corral.problems.reduce`: ``n`` is then the reduced graph's node count, ``score`` the
+    reduced cut plus the reductions' constant (the original graph's cut of the lifted row),
+    ``export`` lifts a row to the original graph and ``check`` recomputes the cut there.
+    ``graph`` is always the original graph (``search_graph`` the one searched)."""
 
     kind = "maxcut"
     sense = "max"
 
-    def __init__(self, graph: Graph, device: str | torch.device = "cpu"):
+    def __init__(self, graph: Graph, device: str | torch.device = "cpu", reduce: bool = True):
+        from corral.problems.reduce import reduce_maxcut
+
         self.device = torch.device(device)
         self.graph = graph.to(self.device)
-        self.n, self.name = graph.n, graph.name
+        red = reduce_maxcut(graph.to("cpu")) if reduce else None
+        if red is not None and (red.removed == 0 or red.reduced.n == 0):
+            red = None  # nothing to gain (or nothing left to search: the search needs one node)
+        self.reduction = red
+        self.search_graph = red.reduced.to(self.device) if red is not None else self.graph
+        self.constant = red.constant if red is not None else 0.0
+        self.n, self.name = self.search_graph.n, graph.name
         self.optimum = None
-        self.scale = max(float(graph.w.abs().mean()), 1e-6) if graph.m else 1.0
+        g = self.search_graph
+        self.scale = max(float(g.w.abs().mean()), 1e-6) if g.m else 1.0
         self._envs: dict[int, MaxCutEnv] = {}
 
     def describe(self) -> dict[str, Any]:
-        return {"nodes": self.n, "edges": self.graph.m}
+        if self.reduction is not None:
+            return self.reduction.describe()
+        return {"nodes": self.graph.n, "edges": self.graph.m}
 
     def score(self, x: torch.Tensor) -> torch.Tensor:
-        return cut_value(self.graph, x)
+        return cut_value(self.search_graph, x) + self.constant
 
     def improve(self, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
         env = self._envs.get(x.shape[0])
         if env is None:
-            env = self._envs[x.shape[0]] = MaxCutEnv(self.graph, x.shape[0], device=self.device, seed=0)
+            env = self._envs[x.shape[0]] = MaxCutEnv(self.search_graph, x.shape[0], device=self.device, seed=0)
         env.set_assignment(x)
         local_search(env)
         return env.s > 0
 
+    def export(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reduction is None:
+            return x.to("cpu", torch.int8)
+        return self.reduction.lift(x.to("cpu"))
+
     def check(self, solution) -> float:
-        return float(cut_value(self.graph.to("cpu"), self._as_solution(solution)))
+        s = torch.as_tensor(solution).reshape(-1)
+        if s.numel() != self.graph.n:
+            raise InfeasibleSolution(f"maxcut {self.name}: the solution has {s.numel()} entries, "
+                                     f"the graph {self.graph.n} nodes")
+        if not bool(((s == 0) | (s == 1)).all()):
+            raise InfeasibleSolution(f"maxcut {self.name}: a solution holds 0 or 1 per node")
+        return float(cut_value(self.graph.to("cpu"), s.to(torch.int64)))
