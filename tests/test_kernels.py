@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import pkgutil
 from types import SimpleNamespace
 
@@ -165,9 +166,9 @@ def case_categorical_ppo_loss():
 
 
 def _greedy_nets():
-    """QR-DQN's and C51's CartPole nets, weights moved off their init."""
+    """DQN's, QR-DQN's and C51's CartPole nets, weights moved off their init."""
     nets_ = []
-    for name, options in (("qrdqn", QRDQN_PRESET), ("c51", dict(DQN_PRESET))):
+    for name, options in (("dqn", dict(DQN_PRESET)), ("qrdqn", QRDQN_PRESET), ("c51", dict(DQN_PRESET))):
         net = make(name, "CartPole-v1", **options).actor
         with torch.no_grad():
             for p in net.parameters():
@@ -190,9 +191,9 @@ def case_epsilon_greedy_numpy():
     """200 acting steps on 1 and on 3 envs at an epsilon between 0 and 1, the same noise stream:
     the kernel's choices and ``DQN.explore``'s torch branch's."""
     out = ([], [])
-    for n in (1, 3):
-        fast = make("qrdqn", "CartPole-v1", **dict(QRDQN_PRESET, exploration_fraction=0.5))
-        ref = _build(readable(QRDQN, "greedy"), "qrdqn", "CartPole-v1", **dict(QRDQN_PRESET, exploration_fraction=0.5))
+    for n, (name, cls, options) in itertools.product((1, 3), (("qrdqn", QRDQN, QRDQN_PRESET), ("dqn", DQN, DQN_PRESET))):
+        fast = make(name, "CartPole-v1", **dict(options, exploration_fraction=0.5))
+        ref = _build(readable(cls, "greedy"), name, "CartPole-v1", **dict(options, exploration_fraction=0.5))
         for a in (fast, ref):
             a.total_steps, a.env_steps = 1000, 250
         assert 0.3 < fast.epsilon < 0.7 and fast.numpy_acting.in_force(type(fast))

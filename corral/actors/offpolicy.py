@@ -13,6 +13,7 @@ from torch import nn
 from corral.actors.actor_critic import MultiInputEncoder
 from corral.actors.normalizer import RunningNormalizer
 from corral.envs.spaces import layout_of, legacy_columns
+from corral.kernels.greedy import greedy_numpy
 from corral.kernels.registry import register
 from corral.nets import MLP, NatureCNN, OneHotEncoder, ParallelMLP, is_discrete_space, is_image_space
 
@@ -109,6 +110,11 @@ class QNetwork(nn.Module):
             return None  # a subclass's own forward: the kernels that run the chain would skip it
         plan = self.body._plan
         return tuple(t for w, b, _ in plan for t in (w, b)), [a is not None for *_, a in plan], self.body.act_name
+
+    def greedy_numpy(self, obs: torch.Tensor):
+        """``q(obs).argmax(-1)`` (as an array) for a few rows on CPU, through numpy, or None where
+        the net is not a chain: the kernel ``corral.kernels.greedy.greedy_numpy`` (acting only)."""
+        return greedy_numpy(self, obs)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True, generator=None) -> torch.Tensor:

@@ -124,10 +124,10 @@ class DQN(OffPolicy):
     numpy_acting = Replaces(epsilon_greedy_numpy, greedy=greedy)
 
     def _acts_in_numpy(self, obs) -> bool:
-        """Whether acting on ``obs`` goes through ``ZNetwork.greedy_numpy``: a few rows on CPU,
+        """Whether acting on ``obs`` goes through the net's ``greedy_numpy``: a few rows on CPU,
         a net that is one chain of linear layers (no noise to draw)."""
         if self._numpy_net is None:  # found once: a net's layout never changes
-            self._numpy_net = (not self.cfg.noisy and isinstance(self.actor, ZNetwork)
+            self._numpy_net = (not self.cfg.noisy and isinstance(self.actor, (QNetwork, ZNetwork))
                                and self.numpy_acting.in_force(type(self)) and self.actor.chain() is not None)
         return self._numpy_net and obs.shape[0] <= 16 and obs.device.type == "cpu"
 

@@ -1,9 +1,9 @@
 """Epsilon-greedy acting on a few CPU rows in numpy: the value family's collection step.
 
 An epsilon-greedy step acts on one row: torch dispatches each of the ~10 ops of that in ~4 us,
-numpy in ~1 us. ``greedy_numpy`` runs a chain net (``ZNetwork.chain``) through numpy views of
+numpy in ~1 us. ``greedy_numpy`` runs a chain net (``QNetwork.chain``, ``ZNetwork.chain``) through numpy views of
 its weights; ``epsilon_greedy_numpy`` makes ``DQN.explore``'s epsilon decision in numpy from
-the same draws. References: ``ZNetwork.q(obs).argmax(-1)`` and ``DQN.explore``'s torch branch
+the same draws. References: ``QNetwork.q`` / ``ZNetwork.q(obs).argmax(-1)`` and ``DQN.explore``'s torch branch
 (``tests/test_kernels.py``: the same actions)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _numpy_views(net):
 
 
 @register("greedy_numpy", reference="corral.actors.distributional:ZNetwork.q", tolerance=BIT_EXACT,
-          runs="acting with a chain ZNetwork (QR-DQN, C51) on <= 16 CPU rows: the same argmax (values may "
+          runs="acting with a chain QNetwork (DQN) or ZNetwork (QR-DQN, C51) on <= 16 CPU rows: the same argmax (values may "
                "differ in the last bits, another BLAS, so may exact ties)")
 def greedy_numpy(net, obs: torch.Tensor) -> np.ndarray | None:
     """``net.q(obs).argmax(-1)`` as an array, the chain run by numpy on views of the weights, or
@@ -53,6 +53,8 @@ def greedy_numpy(net, obs: torch.Tensor) -> np.ndarray | None:
         h += b
         if fn is not None:
             fn(h)
+    if getattr(net, "k", None) is None:  # Q-values straight out of the chain (DQN's QNetwork)
+        return h.argmax(-1)
     return net.expectation_numpy(h.reshape(-1, net.n, net.k)).argmax(-1)
 
 
