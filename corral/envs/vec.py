@@ -81,12 +81,47 @@ def make_vec_env(
     from corral.envs.multiagent import is_multiagent_spec, make_multiagent_vec_env
 
     if multi_agent or (multi_agent is None and is_multiagent_spec(spec)):
-        if mask_obs:
-            raise UserError(f"env.mask_obs applies to single-agent envs, not the multi-agent {name!r}")
-        if wrappers:
-            raise UserError(f"env.wrappers wrap single-agent envs, not the multi-agent {name!r}: leave it empty")
+        _check_multi_agent_options(name, mask_obs=mask_obs, wrappers=wrappers)
         return make_multiagent_vec_env(spec, num_envs, kwargs, device, backend, max_episode_steps=max_episode_steps,
                                        check_finite=check_finite, opponents=opponents, pixels=pixels)
+    _check_single_agent_options(spec, name, backend, opponents=opponents, pixels=pixels, mask_obs=mask_obs,
+                                wrappers=wrappers)
+    if isinstance(spec, str) and (spec.startswith("native:") or backend == "native"):
+        return _native(spec, name, num_envs, device, max_episode_steps)
+    if backend == "envpool":
+        if max_episode_steps is not None:  # EnvPool's own option, in agent steps
+            kwargs = {**(kwargs or {}), "max_episode_steps": int(max_episode_steps)}
+        return EnvPoolVecEnv(spec, num_envs, kwargs, device=device, atari_wrappers=atari_wrappers, strict=strict,
+                             check_finite=check_finite)
+    if backend not in ("sync", "subproc"):
+        raise UserError(f"unknown env backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    factory = _host_factory(spec, kwargs, atari_wrappers=atari_wrappers, max_episode_steps=max_episode_steps,
+                            mask_obs=mask_obs, wrappers=wrappers)
+    if backend == "subproc":
+        return SubprocVecEnv(factory, num_envs, env_id=name, device=device, num_workers=num_workers, strict=strict,
+                             on_error=on_error, max_restarts=max_restarts, check_finite=check_finite)
+    return SyncVecEnv([factory] * num_envs, env_id=name, device=device, check_finite=check_finite, strict=strict,
+                      on_error=on_error, max_restarts=max_restarts)
+
+
+def _check_multi_agent_options(name: str, *, mask_obs: tuple[int, ...] | None, wrappers: list | None) -> None:
+    if mask_obs:
+        raise UserError(f"env.mask_obs applies to single-agent envs, not the multi-agent {name!r}")
+    if wrappers:
+        raise UserError(f"env.wrappers wrap single-agent envs, not the multi-agent {name!r}: leave it empty")
+
+
+def _native(spec: str, name: str, num_envs: int, device: str | torch.device,
+            max_episode_steps: int | None) -> HostVecEnv:
+    if max_episode_steps is not None:
+        raise UserError(f"env {name!r}: native envs keep their built-in episode limit; an episode cap "
+                        f"({max_episode_steps} steps) is not applied to them: leave it unset (None)")
+    return make_native(spec, num_envs, device=device)
+
+
+def _check_single_agent_options(spec: Any, name: str, backend: str, *, opponents: tuple[str, ...],
+                                pixels: dict | None, mask_obs: tuple[int, ...] | None, wrappers: list | None) -> None:
+    """Refuse the options a single-agent env on ``backend`` cannot take, naming each and the fix."""
     if opponents:
         raise UserError(f"env.opponents applies to multi-agent envs, not the single-agent {name!r}: leave it unset")
     if pixels:
@@ -98,18 +133,12 @@ def make_vec_env(
     if wrappers and (backend in ("native", "envpool") or (isinstance(spec, str) and spec.startswith("native:"))):
         raise UserError(f"env.wrappers wrap sync and subproc envs, not the {backend} backend of {name!r}: "
                         "use env.backend=sync")
-    if isinstance(spec, str) and (spec.startswith("native:") or backend == "native"):
-        if max_episode_steps is not None:
-            raise UserError(f"env {name!r}: native envs keep their built-in episode limit; an episode cap "
-                            f"({max_episode_steps} steps) is not applied to them: leave it unset (None)")
-        return make_native(spec, num_envs, device=device)
-    if backend == "envpool":
-        if max_episode_steps is not None:  # EnvPool's own option, in agent steps
-            kwargs = {**(kwargs or {}), "max_episode_steps": int(max_episode_steps)}
-        return EnvPoolVecEnv(spec, num_envs, kwargs, device=device, atari_wrappers=atari_wrappers, strict=strict,
-                             check_finite=check_finite)
-    if backend not in ("sync", "subproc"):
-        raise UserError(f"unknown env backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+
+
+def _host_factory(spec: Any, kwargs: dict | None, *, atari_wrappers: Any, max_episode_steps: int | None,
+                  mask_obs: tuple[int, ...] | None, wrappers: list | None) -> Any:
+    """The factory the sync and subproc backends call per env: the resolved env, its observation
+    mask (``corral.envs.masked``) and the user's wrappers (``corral.envs.wrapped``) around it."""
     factory = make_factory(spec, kwargs, atari_wrappers=atari_wrappers, max_episode_steps=max_episode_steps)
     if mask_obs:
         from corral.envs.masked import MaskedFactory
@@ -119,8 +148,4 @@ def make_vec_env(
         from corral.envs.wrapped import WrappedFactory
 
         factory = WrappedFactory(factory, wrappers)
-    if backend == "subproc":
-        return SubprocVecEnv(factory, num_envs, env_id=name, device=device, num_workers=num_workers, strict=strict,
-                             on_error=on_error, max_restarts=max_restarts, check_finite=check_finite)
-    return SyncVecEnv([factory] * num_envs, env_id=name, device=device, check_finite=check_finite, strict=strict,
-                      on_error=on_error, max_restarts=max_restarts)
+    return factory
