@@ -98,7 +98,23 @@ class ValueNorm(nn.Module):
         return (x * var.sqrt() + mean).to(x.dtype)
 
 
-class MultiAgentActorCritic(nn.Module):
+class TeamActions:
+    """``to_env``, shared by the multi-agent actors (flat rows here, frames in ``pixel_agents.py``):
+    the actions of ``n`` envs' agents, one per row, as the env takes them, ``[n, A]`` (discrete) or
+    ``[n, A, K]`` scaled to the agents' bounds. The actor sets ``layout``, ``discrete``, ``scaler``."""
+
+    layout: AgentLayout
+    discrete: bool
+    scaler: ActionScaler | None
+
+    def to_env(self, action: torch.Tensor, n: int) -> torch.Tensor:
+        A = self.layout.n_agents
+        if self.discrete:
+            return action.reshape(n, A)
+        return self.scaler(action).reshape(n, A, -1)
+
+
+class MultiAgentActorCritic(TeamActions, nn.Module):
     """One policy and one value MLP shared by all agents (agent id in their inputs), on the
     rows ``columns`` builds. Discrete actions: a categorical head whose logits are masked by
     the agent's action mask (padding included); Box actions: a diagonal Gaussian in unit
@@ -212,12 +228,6 @@ class MultiAgentActorCritic(nn.Module):
     def evaluate_actions(self, x: torch.Tensor, action: torch.Tensor):
         params, value = self.forward(x)
         return self.head.log_prob(params, action), self.head.entropy(params), value
-
-    def to_env(self, action: torch.Tensor, n: int) -> torch.Tensor:
-        A = self.layout.n_agents
-        if self.discrete:
-            return action.reshape(n, A)
-        return self.scaler(action).reshape(n, A, -1)
 
     # --- acting
     def explore(self, packed: torch.Tensor, generator: torch.Generator | None = None):

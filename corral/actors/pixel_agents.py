@@ -21,12 +21,12 @@ import torch
 from torch import nn
 
 from corral.actors.actor_critic import ActionScaler
-from corral.actors.multiagent import ValueNorm
+from corral.actors.multiagent import TeamActions, ValueNorm
 from corral.envs.agent_layout import AgentLayout
 from corral.nets import MLP, CategoricalHead, DiagGaussianHead, NatureCNN
 
 
-class PixelAgentsActorCritic(nn.Module):
+class PixelAgentsActorCritic(TeamActions, nn.Module):
     """A CNN policy and value shared by all agents of a pixel env (see the module docstring)."""
 
     share_params = True
@@ -114,12 +114,6 @@ class PixelAgentsActorCritic(nn.Module):
 
     def params(self, logits: torch.Tensor) -> torch.Tensor:
         return self.head(logits)
-
-    def to_env(self, action: torch.Tensor, n: int) -> torch.Tensor:
-        A = self.layout.n_agents
-        if self.discrete:
-            return action.reshape(n, A)
-        return self.scaler(action).reshape(n, A, -1)
 
     # --- acting on packed observations
     def explore(self, packed: torch.Tensor, generator: torch.Generator | None = None):

@@ -16,13 +16,13 @@ is the game score whatever the agent trains on, and an episode is the whole game
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
 from corral.envs.group import EPISODE_KEY
+from corral.envs.options import options_from_dict
 from corral.envs.spaces import declare_frame_stack
 from corral.errors import UserError
 
@@ -74,13 +74,7 @@ def atari_options(value: Any) -> AtariOptions | None:
     if isinstance(value, AtariOptions):
         return value
     if isinstance(value, dict):
-        names = [f.name for f in dataclasses.fields(AtariOptions)]
-        unknown = [k for k in value if k not in names]
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], names, n=1)
-            hint = f"; did you mean {close[0]}?" if close else f"; options: {', '.join(names)}"
-            raise UserError(f"unknown Atari wrapper option {unknown[0]!r}{hint}")
-        return AtariOptions(**value)
+        return options_from_dict(AtariOptions, value, "Atari wrapper option")
     raise UserError(f"atari_wrappers must be True, False, 'eval' or a dict of options, got {value!r}")
 
 

@@ -24,7 +24,6 @@ agents) at the defaults is 20 x 4 x 84 x 84 + 4 x 42 x 42 bytes = 0.57 MB, again
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import warnings
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ import gymnasium as gym
 import numpy as np
 
 from corral.envs.agent_layout import AgentLayout
+from corral.envs.options import options_from_dict
 from corral.errors import UserError
 
 MIN_SIZE = 36  # the Nature CNN's smallest side (8x8 stride 4, 4x4 stride 2, 3x3 stride 1)
@@ -64,13 +64,7 @@ def pixel_options(value: Any) -> PixelOptions:
     elif value is None:
         opts = PixelOptions()
     elif isinstance(value, dict):
-        names = [f.name for f in dataclasses.fields(PixelOptions)]
-        unknown = [k for k in value if k not in names]
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], names, n=1)
-            hint = f"; did you mean {close[0]}?" if close else f"; options: {', '.join(names)}"
-            raise UserError(f"unknown env.pixels option {unknown[0]!r}{hint}")
-        opts = PixelOptions(**value)
+        opts = options_from_dict(PixelOptions, value, "env.pixels option")
     else:
         raise UserError(f"env.pixels must be a dict such as {{size: 84, grey: true, stack: 4}}, got {value!r}")
     if not isinstance(opts.size, int) or opts.size < MIN_SIZE:

@@ -68,3 +68,13 @@ def _refuse(reason: str) -> Callable[[Any, Context], Pairs]:
         raise Refused(reason)
     fn.__doc__ = f"refused: {reason}"
     return fn
+
+
+def _refuse_if_set(doc: str, reason: str) -> Callable[[Any, Context], Pairs]:
+    """A switch corral does not have: nothing to set when false (SB3's default), else refused."""
+    def fn(value: Any, ctx: Context) -> Pairs:
+        if not value:
+            return []
+        raise Refused(reason)
+    fn.__doc__ = doc
+    return fn

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Callable
 
-from corral.zoo.context import Context, Pairs, Refused, _refuse, _same, _schedule
+from corral.zoo.context import Context, Pairs, Refused, _refuse, _refuse_if_set, _same, _schedule
 from corral.zoo.literal import parse_literal
 from corral.zoo.policy_keys import _normalize, _policy, _policy_kwargs
 
@@ -133,27 +133,11 @@ def _noise_std(value: Any, ctx: Context) -> Pairs:
     return []  # read by noise_type
 
 
-def _use_sde(value: Any, ctx: Context) -> Pairs:
-    """none when false; true refused (no gSDE in corral)"""
-    if not value:
-        return []
-    raise Refused("corral has no generalized State-Dependent Exploration (gSDE); its Gaussian policies sample "
-                  "independent noise each step")
-
-
 def _with_sde(value: Any, ctx: Context) -> Pairs:
     """with use_sde"""
     if not ctx.entry.get("use_sde"):
         return []  # SB3 ignores it without use_sde
     raise Refused("part of gSDE (use_sde), which corral does not have")
-
-
-def _optimize_memory_usage(value: Any, ctx: Context) -> Pairs:
-    """none when false (SB3's default)"""
-    if not value:
-        return []
-    raise Refused("SB3's memory-saving replay layout has no switch in corral (its replay stores Atari frames once "
-                  "already, docs/architecture.md)")
 
 
 def _off_policy_n_step(value: Any, ctx: Context) -> Pairs:
@@ -248,9 +232,15 @@ KEYS: dict[str, Callable[[Any, Context], Pairs]] = {
     "target_entropy": _target_entropy,
     "noise_type": _noise_type,
     "noise_std": _noise_std,
-    "optimize_memory_usage": _optimize_memory_usage,
+    "optimize_memory_usage": _refuse_if_set(
+        "none when false (SB3's default)",
+        "SB3's memory-saving replay layout has no switch in corral (its replay stores Atari frames once "
+        "already, docs/architecture.md)"),
     # refused, with the reason
-    "use_sde": _use_sde,
+    "use_sde": _refuse_if_set(
+        "none when false; true refused (no gSDE in corral)",
+        "corral has no generalized State-Dependent Exploration (gSDE); its Gaussian policies sample "
+        "independent noise each step"),
     "sde_sample_freq": _with_sde,
     "use_sde_at_warmup": _with_sde,
     "replay_buffer_class": _replay_buffer_class,
