@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch import nn
 
 from corral.nets import ParallelMLP, _parallel_mlp_forward, fast_tanh_
 
@@ -140,3 +141,20 @@ def test_mlp_fused_gives_forwards_values_and_autograds_gradients(act, out_dim):
     (gx,) = torch.autograd.grad((net.fused(x) * upstream).sum(), [x])
     assert torch.allclose(gx, ref_grads[0], atol=1e-10)
     assert net.fused(x.detach()).grad_fn is None
+
+
+def test_parallel_mlp_torch_init_is_nn_linears_and_orthogonal_is_the_default():
+    """``init="torch"`` (SB3's ortho_init=False) draws each member as ``nn.Linear`` would, in the same
+    order: under one seed, a one-member net equals two ``nn.Linear`` layers built under it."""
+    torch.manual_seed(0)
+    net = ParallelMLP(1, 4, (8,), "tanh", out_dim=3, init="torch")
+    torch.manual_seed(0)
+    ref = [nn.Linear(4, 8), nn.Linear(8, 3)]
+    for (w, b), lin in zip(net._layers, ref):
+        assert torch.equal(w[0], lin.weight) and torch.equal(b[0, 0], lin.bias)
+    ortho = ParallelMLP(2, 6, (6,), "tanh", out_dim=6, out_gains=(0.01, 1.0))
+    w = ortho._layers[0][0][0]
+    torch.testing.assert_close(w @ w.T, 2.0 * torch.eye(6))  # gain sqrt(2), square: exactly orthogonal
+    assert torch.count_nonzero(ortho._layers[0][1]) == 0
+    with pytest.raises(ValueError, match="init must be one of"):
+        ParallelMLP(1, 4, (8,), init="xavier")

@@ -380,3 +380,38 @@ def test_reward_normalization_divides_by_the_running_std_of_the_discounted_retur
     assert seen["data"].rewards.flatten().tolist() == pytest.approx(stored, rel=1e-5)
     assert L.algo.ret_norm.var.item() == pytest.approx(np.var(returns), rel=1e-6)  # float32 returns
     assert L.algo.ret_norm.count.item() == 8
+
+
+@pytest.mark.parametrize("algo", ["ppo", "ppo_lstm", "ppo_rnd", "a2c", "trpo"])
+def test_init_torch_reaches_the_body_of_every_on_policy_actor(algo):
+    """``init=torch`` (rl-zoo's ortho_init=False) builds the policy/value MLP with nn.Linear's
+    default: its square hidden layer is no longer orthogonal, and its biases are not zero."""
+    from corral.algos import get_algo
+
+    env = gym.make("Pendulum-v1") if algo == "ppo_rnd" else gym.make("CartPole-v1")
+    spec = get_algo(algo)
+    bodies = {}
+    for init in ("orthogonal", "torch"):
+        cfg = spec.cls.Config()
+        for k, v in spec.overrides.items():
+            setattr(cfg, k, v)
+        cfg.hidden, cfg.init = (16, 16), init
+        a = spec.class_for(cfg)(cfg, env.observation_space, env.action_space, 1, torch.device("cpu"), RNGStreams(0))
+        bodies[init] = a.actor.body._layers
+    w_o, b_o = bodies["orthogonal"][1]
+    w_t, b_t = bodies["torch"][1]
+    torch.testing.assert_close(w_o[0] @ w_o[0].T, 2.0 * torch.eye(16))
+    assert not torch.allclose(w_t[0] @ w_t[0].T, 2.0 * torch.eye(16), atol=0.5)
+    assert torch.count_nonzero(b_o) == 0 and torch.count_nonzero(b_t) == b_t.numel()
+    assert w_t.abs().max() <= 1 / math.sqrt(16) + 1e-6  # kaiming_uniform(a=sqrt 5): bound 1/sqrt(fan_in)
+
+
+def test_mappo_refuses_init_torch_by_name():
+    from corral.agent import build_config
+    from corral.errors import UserError
+    from corral.train.learner import Learner
+
+    pytest.importorskip("mpe2")
+    cfg = build_config("mappo", "mpe:simple_spread_v3", steps=256, overrides={"mappo.init": "torch", "eval.episodes": 0})
+    with pytest.raises(UserError, match=r"mappo.init=torch: multi-agent actors are initialized orthogonally"):
+        Learner(cfg, None, env_spec="mpe:simple_spread_v3", quiet=True)

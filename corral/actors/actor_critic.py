@@ -106,8 +106,10 @@ class ActorCritic(nn.Module):
         log_std_init: float = 0.0,
         mask_key: str = "action_mask",
         extractor: nn.Module | None = None,
+        init: str = "orthogonal",
     ):
         super().__init__()
+        self.init = init  # the body's initialisation (``ParallelMLP``'s ``init``), read by make_body
         self.obs_shape = tuple(obs_space.shape)
         # Images go through a shared Nature CNN (scaled inside, stored as uint8); vectors
         # through the running normalizer, then separate policy and value MLPs.
@@ -164,7 +166,7 @@ class ActorCritic(nn.Module):
         """Features -> ``[2, B, out]``: member 0 the policy (logits / mean, small init so the first
         policy is near uniform), member 1 the value (column 0). Separate weights, one batched
         module. (The recurrent actor puts its core in front of this.)"""
-        return ParallelMLP(2, in_dim, hidden, activation, out_dim=pi_out, out_gains=(0.01, 1.0))
+        return ParallelMLP(2, in_dim, hidden, activation, out_dim=pi_out, out_gains=(0.01, 1.0), init=self.init)
 
     # --- pieces the algorithm uses on stored (already normalized) observations
     def normalize(self, obs: torch.Tensor, update: bool = False) -> torch.Tensor:

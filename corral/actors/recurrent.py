@@ -22,15 +22,16 @@ class RecurrentActorCritic(ActorCritic):
 
     def __init__(self, obs_space, act_space, hidden=(64,), activation="tanh", normalize_obs=True,
                  log_std_init=0.0, core: str = "lstm", core_size: int = 64, core_layers: int = 1,
-                 shared_core: bool = True, extractor: nn.Module | None = None):
+                 shared_core: bool = True, extractor: nn.Module | None = None, init: str = "orthogonal"):
         self._core_args = (core, int(core_size), int(core_layers), bool(shared_core))
-        super().__init__(obs_space, act_space, hidden, activation, normalize_obs, log_std_init, extractor=extractor)
+        super().__init__(obs_space, act_space, hidden, activation, normalize_obs, log_std_init, extractor=extractor,
+                         init=init)
 
     def make_body(self, in_dim, hidden, activation, pi_out) -> nn.Module:
         kind, size, layers, shared = self._core_args
         self.core = RecurrentCore(in_dim, size, layers, kind)
         self.value_core = None if shared else RecurrentCore(in_dim, size, layers, kind)
-        return ParallelMLP(2, size, hidden, activation, out_dim=pi_out, out_gains=(0.01, 1.0))
+        return ParallelMLP(2, size, hidden, activation, out_dim=pi_out, out_gains=(0.01, 1.0), init=self.init)
 
     @property
     def state_dim(self) -> int:

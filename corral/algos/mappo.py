@@ -73,6 +73,9 @@ class MAPPO(PPO):
         for key in ("normalize_obs", "features"):
             if getattr(cfg, key):
                 raise UserError(f"{type(self).name}.{key} is not built for multi-agent actors; leave it unset")
+        if cfg.init != "orthogonal":
+            raise UserError(f"{type(self).name}.init={cfg.init}: multi-agent actors are initialized orthogonally "
+                            "only; leave init unset")
         self.layout = layout
         self.pixels = layout.pixels  # image observations: the CNN actor, rows point into self.frames
         self.memory_estimate = check_pixel_run(type(self).name, cfg, layout, num_envs, role, torch.device(device)) \

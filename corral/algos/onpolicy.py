@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 
@@ -86,6 +86,9 @@ class OnPolicyConfig:
     hidden: tuple[int, ...] = option((64, 64), "hidden layer sizes of the policy and value MLPs", ge=1)
     activation: Activation = option("tanh", "hidden activation: tanh, relu, elu, silu")
     log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions)")
+    init: Literal["orthogonal", "torch"] = option(
+        "orthogonal", "the policy and value MLPs' initialisation: orthogonal (SB3's default) or torch (PyTorch's "
+                      "nn.Linear default, SB3's ortho_init=False)")
     normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
     features: str | None = features_option()
     storage: str | None = storage_option()
@@ -220,7 +223,8 @@ class OnPolicy(Algorithm):
         problem (the MaxCut node policy) returns its own module with ``ActorCritic``'s interface."""
         cfg = self.cfg
         return ActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs,
-                           cfg.log_std_init, extractor=make_extractor(cfg.features, self.obs_space, self.name))
+                           cfg.log_std_init, extractor=make_extractor(cfg.features, self.obs_space, self.name),
+                           init=cfg.init)
 
     def make_optimizer(self):
         """The optimizer over the actor-critic, a flat one (``corral.optim``): gradient workers

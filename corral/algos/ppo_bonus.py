@@ -69,7 +69,7 @@ class TwoValueActorCritic(ActorCritic):
     keep PPO's meaning (the extrinsic value); ``all_outputs`` gives both values."""
 
     def make_body(self, in_dim, hidden, activation, pi_out):
-        return ParallelMLP(3, in_dim, hidden, activation, out_dim=pi_out, out_gains=(0.01, 1.0, 1.0))
+        return ParallelMLP(3, in_dim, hidden, activation, out_dim=pi_out, out_gains=(0.01, 1.0, 1.0), init=self.init)
 
     def all_outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Masked logits / mean, extrinsic value, intrinsic value."""
@@ -134,7 +134,7 @@ class BonusPPO(PPO):
         cfg = self.cfg
         return TwoValueActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
                                    cfg.normalize_obs, cfg.log_std_init,
-                                   extractor=make_extractor(cfg.features, self.obs_space, self.name))
+                                   extractor=make_extractor(cfg.features, self.obs_space, self.name), init=cfg.init)
 
     # --- the bonus's hooks
     def bonus_warmup(self, step: Step) -> None:

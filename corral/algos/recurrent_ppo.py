@@ -127,7 +127,7 @@ class RecurrentActorCriticParts(RecurrentColumns):
         return RecurrentActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
                                     cfg.normalize_obs, cfg.log_std_init, cfg.recurrent, cfg.core_size,
                                     cfg.core_layers, cfg.shared_core, make_extractor(cfg.features, self.obs_space,
-                                                                                     self.name))
+                                                                                     self.name), init=cfg.init)
 
     # --- hooks
     def scheme_config(self, collectors: int) -> dict:
