@@ -368,10 +368,10 @@ def test_a_key_corral_cannot_honour_is_refused_with_its_name_and_the_fix(zoo_fil
         build_config("ppo", "Pendulum-v1", config_file=zoo_file("ppo.yml", PPO_YML))
     assert "'sde_sample_freq'" in str(e.value)
     data = {"CartPole-v1": {"n_timesteps": 10, "policy": "MlpPolicy", "callback": "x.Y", "frobnicate": 3,
-                            "policy_kwargs": "dict(net_arch=[32], ortho_init=False)"}}
+                            "policy_kwargs": "dict(net_arch=[32], ortho_init=False, use_expln=True)"}}
     t = Z.translate("ppo", data, "CartPole-v1", is_atari=False)
-    assert set(t.refused) == {"callback", "frobnicate", "policy_kwargs.ortho_init"}
-    assert ("ppo.hidden", [32]) in t.pairs  # the rest of policy_kwargs is taken
+    assert set(t.refused) == {"callback", "frobnicate", "policy_kwargs.use_expln"}
+    assert ("ppo.hidden", [32]) in t.pairs and ("ppo.init", "torch") in t.pairs  # the rest of policy_kwargs is taken
     bad = {"CartPole-v1": {"n_timesteps": 10, "policy": "MlpPolicy", "policy_kwargs": "__import__('os')"}}
     assert "not allowed" in Z.translate("ppo", bad, "CartPole-v1", is_atari=False).refused["policy_kwargs"]
 

@@ -124,11 +124,9 @@ def _policy_kwarg(k: str, v: Any, allkw: dict, ctx: Context) -> Pairs:
     if k == "log_std_init":
         return [(ctx.field("log_std_init", f"{ctx.algo} in corral has no log_std_init (SB3 uses it with gSDE)"),
                  float(v))]
-    if k == "ortho_init":
-        if v:
-            return []  # corral's actor-critic networks are initialized orthogonally, as SB3's default
-        raise Refused("corral's actor-critic networks are always initialized orthogonally (SB3's ortho_init=True); "
-                      "there is no key to turn it off")
+    if k == "ortho_init":  # SB3's orthogonal init (True, the default) or nn.Linear's own (False)
+        return [(ctx.field("init", f"{ctx.algo} in corral has no init option (SB3's ortho_init is an actor-critic "
+                                   "policy's)"), "orthogonal" if v else "torch")]
     if k in ("n_critics", "n_quantiles"):
         return [(ctx.field(k), int(v))]
     if k == "lstm_hidden_size":
