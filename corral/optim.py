@@ -211,6 +211,11 @@ class FlatRMSprop(FlatAdam):
         self.lr, self.alpha, self.eps = float(state["lr"]), float(state["alpha"]), float(state["eps"])
 
 
+def scheduled(value: float, schedule: str, progress: float) -> float:
+    """``value`` at ``progress`` in [0, 1]: constant, or linear to 0 over the run."""
+    return value * ((1.0 - progress) if schedule == "linear" else 1.0)
+
+
 def hyperparameters(opt) -> list | dict:
     """An optimizer's hyper-parameters as built (torch param groups without their parameters,
     or a flat optimizer's scalars): what loading a saved optimizer state would overwrite."""

@@ -568,3 +568,34 @@ def test_keep_heap_stops_each_step_page_faulting_its_activations_afresh():
 
     assert faults("true") < 10
     assert faults("false") > 1000
+
+
+
+def test_a_linear_lr_schedule_anneals_every_optimizer_from_its_built_rate_also_after_a_resume():
+    """``lr_schedule=linear`` (rl-zoo's lin_X on a replay algorithm): each optimizer's rate is its
+    built rate times (1 - progress) at every update, the actor's own ``actor_lr`` included; a
+    resumed algorithm anneals from the config's rates, and a rate set from outside (PBT) becomes
+    the base. Constant: the rates never move; a schedule is refused the CUDA graph."""
+    from corral.algos.graphed import refusal
+
+    opts = dict(lr=1e-3, actor_lr=4e-4, lr_schedule="linear", learning_starts=0, batch_size=8)
+    a = make("sac", **opts)
+    built = [opt.lr for opt in a.declared_optimizers()]
+    assert sorted(set(built)) == [4e-4, 1e-3]
+    fill(a, 32, 3, None)
+    a.update(0.5)
+    assert [opt.lr for opt in a.declared_optimizers()] == pytest.approx([x * 0.5 for x in built])
+    b = make("sac", **opts)
+    b.load_state_dict(a.state_dict())
+    assert [opt.lr for opt in b.declared_optimizers()] == built  # a resume keeps the config's rates
+    fill(b, 32, 3, None)
+    b.update(0.75)
+    assert [opt.lr for opt in b.declared_optimizers()] == pytest.approx([x * 0.25 for x in built])
+    b.critic_opt.lr = 2e-3  # a rate set from outside (PBT's explore)
+    b.update(0.5)
+    assert 1e-3 in [opt.lr for opt in b.declared_optimizers()]  # 2e-3 annealed to half
+    c = make("sac", lr=1e-3, actor_lr=4e-4, learning_starts=0, batch_size=8)
+    fill(c, 32, 3, None)
+    c.update(0.9)
+    assert [opt.lr for opt in c.declared_optimizers()] == built
+    assert "learning-rate schedule" in refusal(a) and refusal(c) is None

@@ -457,3 +457,10 @@ def test_zoo_entries_script_on_a_sample():
     assert "use_sde" in proc.stdout and "her.yml is rl-zoo 1.x's layout" in proc.stdout
     ran = [ln.split()[0] for ln in proc.stdout.splitlines() if len(ln.split()) > 2 and "ran" in ln.split()[1:3]]
     assert "ppo/MiniGrid-Empty-Random-5x5-v0" in ran and "ars/CartPole-v1" in ran
+
+
+def test_a_lin_x_learning_rate_on_a_replay_algorithm_is_its_linear_lr_schedule():
+    data = {"Pendulum-v1": {"n_timesteps": 10, "policy": "MlpPolicy", "learning_rate": "lin_7.3e-4"}}
+    for algo in ("sac", "td3", "tqc", "qrdqn"):
+        t = Z.translate(algo, data, "Pendulum-v1", is_atari=False)
+        assert not t.refused and (f"{algo}.lr", 7.3e-4) in t.pairs and (f"{algo}.lr_schedule", "linear") in t.pairs

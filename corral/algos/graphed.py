@@ -50,6 +50,8 @@ def refusal(algo) -> str | None:
         return f"{algo.name} keeps its own replay (a server, or sequences), sampled outside the learner's update"
     if cfg.prioritized:
         return "prioritized replay samples each step from the priorities the previous step wrote (a host round trip)"
+    if cfg.lr_schedule != "constant":
+        return "a learning-rate schedule changes the optimizers' rate every update (a capture each time)"
     if not _FUSED:
         return f"torch {torch.__version__} has no fused Adam kernel (torch 2.4 or later)"
     if any(not isinstance(opt, FlatAdam) for opt in algo.declared_optimizers()):

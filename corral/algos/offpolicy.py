@@ -23,10 +23,10 @@ import torch
 from corral.actors.offpolicy import Critics
 from corral.algos import graphed
 from corral.algos.base import Algorithm, Step
-from corral.config import Activation, option
+from corral.config import Activation, Schedule, option
 from corral.envs.spaces import frame_stack_of
 from corral.errors import TrainingError, UserError
-from corral.optim import FlatAdam
+from corral.optim import FlatAdam, scheduled
 from corral.storage import storage_class
 from corral.storage.her import replay_options
 from corral.storage.prioritized import PrioritizedReplayBuffer
@@ -57,6 +57,9 @@ class OffPolicyConfig:
     target_update_interval: int = option(1, "target network updates: every this many env steps (DQN) or gradient steps (SAC)",
                                          ge=1)
     lr: float = option(3e-4, "Adam learning rate", gt=0)
+    lr_schedule: Schedule = option(
+        "constant", "constant, or linear: every optimizer's rate annealed to 0 over the run from the rate it was built "
+                    "with (SB3's lin_X learning rates)")
     hidden: tuple[int, ...] = option((256, 256), "hidden layer sizes", ge=1)
     activation: Activation = option("relu", "hidden activation: relu, tanh, elu, silu")
     normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
@@ -107,6 +110,20 @@ class OffPolicy(Algorithm):
         self.replay = self._make_replay() if self.stores else None
         graphed.check(self)
         self._graphed: graphed.GraphedStep | None | bool = False  # False: not made yet (optimizers come later)
+        self._lrs: tuple[list[float], list[float]] | None = None  # lr_schedule: (base rates, rates last set)
+
+    def scheduled_lrs(self, progress: float) -> None:
+        """``lr_schedule=linear``: every optimizer's rate at ``progress`` in [0, 1], annealed from
+        its base: the rate it was built with, or one set on it from outside since (a resume keeps
+        the config's rates, ``--set``; PBT's explore), which becomes the new base."""
+        opts = self.declared_optimizers()
+        if self._lrs is None:
+            self._lrs = ([opt.lr for opt in opts], [opt.lr for opt in opts])
+        base, last = self._lrs
+        for i, opt in enumerate(opts):
+            if opt.lr != last[i]:
+                base[i] = opt.lr
+            opt.lr = last[i] = scheduled(base[i], self.cfg.lr_schedule, progress)
 
     def unfilled_bytes(self) -> int:
         replay = self.replay
@@ -307,6 +324,8 @@ class OffPolicy(Algorithm):
 
     def update(self, progress: float) -> dict[str, float]:
         cfg = self.cfg
+        if cfg.lr_schedule != "constant":
+            self.scheduled_lrs(progress)
         steps = cfg.gradient_steps if cfg.gradient_steps > 0 else self._since_update
         self._since_update = 0
         cols: dict[str, list[torch.Tensor]] = {}

@@ -33,6 +33,7 @@ from corral.algos.base import Algorithm, Step
 from corral.config import Activation, Schedule, option
 from corral.errors import TrainingError, UserError
 from corral.nets import MLP, CategoricalHead, NatureCNN
+from corral.optim import scheduled
 from corral.returns import gae, rollout_next_values
 from corral.storage import storage_class
 from corral.storage.rollout import RolloutStorage
@@ -132,11 +133,6 @@ def check_batch_size(name: str, batch_size: int, n_steps: int, num_envs: int) ->
     if batch_size > rollout:
         raise UserError(f"{name}.batch_size={batch_size} is larger than the rollout n_steps*num_envs={rollout}; "
                         "lower batch_size or raise n_steps")
-
-
-def scheduled(value: float, schedule: str, progress: float) -> float:
-    """``value`` at ``progress`` in [0, 1]: constant, or linear to 0 over the run."""
-    return value * ((1.0 - progress) if schedule == "linear" else 1.0)
 
 
 def gae_batch(cfg, data, last_value: torch.Tensor, whole: bool):
