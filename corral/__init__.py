@@ -7,6 +7,7 @@ from corral.algos import register_algo  # noqa: E402
 from corral.compose import AlgoFactory, Scheme, VecEnvFactory  # noqa: E402
 from corral.envs import register  # noqa: E402
 from corral.population.ensemble import Ensemble, fuse  # noqa: E402
+from corral.schemes import make_scheme as _make_scheme  # noqa: E402, F401 - registers the schemes with the Learner
 from corral.storage import register_storage  # noqa: E402
 from corral.train.learner import Learner  # noqa: E402
 

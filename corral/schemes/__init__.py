@@ -1,9 +1,12 @@
 """Schemes: where collection and gradient work run. In-process is the Learner's own
-stream; distributed schemes (Ray) plug in through ``make_scheme``."""
+stream; distributed schemes (local collectors, Ray) plug in through ``make_scheme``, which
+this package registers with the training layer (``corral.train.scheme_factory``) when it is
+imported; ``corral/__init__.py`` imports it, so a Learner always finds it."""
 
 from __future__ import annotations
 
 from corral.errors import UserError
+from corral.train.scheme_factory import register_scheme_factory
 
 
 def make_scheme(learner):
@@ -16,3 +19,6 @@ def make_scheme(learner):
     except ImportError as e:
         raise UserError(f"scheme.collectors/grad_workers > 1 need Ray: pip install 'corral[ray]' ({e})") from None
     return RayScheme(learner)
+
+
+register_scheme_factory(make_scheme)

@@ -2,4 +2,5 @@
 checkpoints (``checkpoint``) and evaluation (``evaluate``).
 
 Nothing is imported here: collectors build the run's env with ``corral.train.setup``
-without pulling in the Learner (which imports the schemes that hold the collectors)."""
+without pulling in the Learner. The distributed schemes sit above this package and register
+themselves with ``scheme_factory`` (``import corral`` does it)."""

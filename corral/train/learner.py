@@ -224,7 +224,7 @@ class Learner:
         sc = self.cfg.scheme
         if sc.collectors <= 1 and sc.grad_workers <= 1:
             return self.stream()
-        from corral.schemes import make_scheme
+        from corral.train.scheme_factory import make_scheme  # registered by corral.schemes (import corral)
 
         return make_scheme(self).stream()
 
