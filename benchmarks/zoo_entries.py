@@ -3,7 +3,7 @@
 For every entry of rl_zoo3's ``hyperparams/*.yml`` whose algorithm corral has and whose env
 is installed here, run ``corral train ALGO ENV --zoo --steps N`` in this process (a small
 step override: the entry's keys, not its budget, are what is checked) and print a table:
-ran (with the final evaluation's return), refused (with the reasons, corral/zoo.py) or
+ran (with the final evaluation's return), refused (with the reasons, corral/zoo/) or
 failed (with the error), then the counts and the refusal reasons grouped.
 
 The ``atari`` entry runs on one ALE game (--atari-game), a ``default`` entry on the first

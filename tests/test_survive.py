@@ -216,7 +216,9 @@ def test_a_replay_server_that_will_not_fit_in_memory_is_refused_before_any_worke
 
 def tensors_of(obj, prefix: str = "", depth: int = 0, seen=None) -> dict:
     """Every tensor reachable from ``obj`` (modules' parameters and buffers, attributes,
-    lists and dicts), by path; numpy views and caches are left out."""
+    lists and dicts), by path; numpy views and caches are left out, and so is a restored
+    replay's ``server_generator`` (the saved sampling stream held until its replay server
+    starts, then handed over and dropped: a hand-off, not state)."""
     seen = set() if seen is None else seen
     out: dict = {}
     if id(obj) in seen or depth > 5:
@@ -233,7 +235,7 @@ def tensors_of(obj, prefix: str = "", depth: int = 0, seen=None) -> dict:
     elif isinstance(obj, (list, tuple)):
         items = enumerate(obj)
     elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("corral"):
-        items = ((k, v) for k, v in vars(obj).items() if k not in ("_np", "_young_cache", "env", "rng", "pool"))
+        items = ((k, v) for k, v in vars(obj).items() if k not in ("_np", "_young_cache", "env", "rng", "pool", "server_generator"))
     else:
         return out
     for k, v in items:

@@ -1,4 +1,4 @@
-"""rl-zoo's hyperparameter files as a config source (corral/zoo.py, `--config FILE.yml`, `--zoo`).
+"""rl-zoo's hyperparameter files as a config source (corral/zoo/, `--config FILE.yml`, `--zoo`).
 
 The entries below are rl-zoo 2.9.2's own (hyperparams/ppo.yml, dqn.yml, sac.yml, td3.yml),
 written here so these tests run without rl_zoo3; only the last tests need the package."""

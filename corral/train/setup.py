@@ -163,7 +163,7 @@ def build_config(
 
     A config file in rl-zoo's layout (one entry per env id), or ``zoo=True`` (rl_zoo3's bundled
     ``hyperparams/<algo>.yml``), gives the entry for ``env`` in place of the preset, on top of
-    Stable-Baselines3's defaults (corral/zoo.py); its ``n_timesteps`` is the budget unless
+    Stable-Baselines3's defaults (corral/zoo/); its ``n_timesteps`` is the budget unless
     ``steps`` is given. ``lenient``: keys corral cannot honour are reported and skipped
     instead of refused."""
     from corral import zoo as Z
