@@ -7,6 +7,20 @@ torch.set_num_threads(1)
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+# The files that start a simulated multi-node Ray cluster (ray.cluster_utils): one worker runs them
+# all, one after another, so two such clusters never run at once.
+RAY_CLUSTER_FILES = {"test_bench", "test_node_loss"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (the README's ``-n 2 --dist loadgroup``) each test file is one group,
+    run whole on one worker, so its module-scoped fixtures are built once as in a serial run;
+    the Ray cluster files share one group. Without xdist the marks change nothing."""
+    for item in items:
+        name = item.path.stem
+        item.add_marker(pytest.mark.xdist_group("ray_cluster" if name in RAY_CLUSTER_FILES else name))
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)

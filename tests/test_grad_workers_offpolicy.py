@@ -139,7 +139,7 @@ def test_sac_with_two_ray_gradient_workers_trains_like_one_process():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     over = {**QUIET, "sac.hidden": [32, 32], "sac.learning_starts": 200, "sac.batch_size": 64}
     runs = []
     init = None

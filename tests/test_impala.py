@@ -155,7 +155,7 @@ def test_impala_with_two_async_ray_collectors_solves_cartpole(tmp_path):
     of 475 failed once on a fresh clone at 472.1.) Repeat figures: docs of the issue note."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     agent = corral.train("impala", "CartPole-v1", steps=150_000, seed=0, run_dir=str(tmp_path / "r"),
                          **{"scheme.collectors": 2, "eval.every": 5_000, "eval.episodes": 10,
                             "eval.stop_at_return": 500, "tensorboard": False})

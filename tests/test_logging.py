@@ -78,7 +78,7 @@ def test_two_collectors_in_process_write_actor_and_learner_groups(tmp_path):
 def test_two_ray_collectors_write_actor_and_learner_groups(tmp_path):
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     agent = corral.train("ppo", "CartPole-v1", steps=2048, run_dir=str(tmp_path / "run"), log_every=512,
                          **{**QUIET, "scheme.collectors": 2, "env.num_envs": 2, "ppo.n_steps": 128,
                             "ppo.batch_size": 128})

@@ -372,7 +372,7 @@ def test_two_ray_gradient_workers_train_like_one_process():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     over = {**QUIET, "sac_discrete.hidden": [32, 32], "sac_discrete.learning_starts": 200,
             "sac_discrete.batch_size": 64}
     runs, init = [], None
