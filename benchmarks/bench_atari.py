@@ -165,7 +165,7 @@ def work_step(args) -> dict:
     import torch
 
     from corral.envs.atari import register_ale
-    from corral.kernels.precision import update_matmul
+    from corral.kernels.precision import native_bfloat16_cpu, update_matmul
     from corral.train.learner import Learner
     from corral.train.setup import build_config
 
@@ -198,7 +198,10 @@ def work_step(args) -> dict:
     def sb3():
         model.train(gradient_steps=1, batch_size=32)
 
-    fns = {"corral": corral32, "corral-bf16": corral16, "sb3": sb3}
+    # without bfloat16 dot products torch emulates bfloat16 (slow reference convolutions, ~13x
+    # float32's step here), and a corral run refuses matmul=bfloat16 there: no row for it
+    bf16 = native_bfloat16_cpu()
+    fns = {"corral": corral32, "corral-bf16": corral16, "sb3": sb3} if bf16 else {"corral": corral32, "sb3": sb3}
     times: dict[str, list[float]] = {k: [] for k in fns}
     order = list(fns)
     for i in range(args.steps):
@@ -207,9 +210,12 @@ def work_step(args) -> dict:
             fns[name]()
             times[name].append(time.perf_counter() - t)
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-    return {"ms_per_step": ms, "corral_over_sb3": ms["corral"] / ms["sb3"],
-            "corral_bf16_over_sb3": ms["corral-bf16"] / ms["sb3"], "steps": args.steps, "warmup": args.warmup,
-            "replay": args.buffer, "frames_in_replay": int(np.asarray(model.replay_buffer.pos))}
+    out = {"ms_per_step": ms, "corral_over_sb3": ms["corral"] / ms["sb3"], "steps": args.steps,
+           "warmup": args.warmup, "replay": args.buffer, "frames_in_replay": int(np.asarray(model.replay_buffer.pos)),
+           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "native_bfloat16": bf16}
+    if bf16:
+        out["corral_bf16_over_sb3"] = ms["corral-bf16"] / ms["sb3"]
+    return out
 
 
 def work_profile(args) -> dict:
