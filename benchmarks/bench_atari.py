@@ -309,6 +309,12 @@ def main() -> None:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
 
+    if "corral-bf16" in args.runners and not args.worker:
+        from corral.kernels.precision import native_bfloat16_cpu
+
+        if not native_bfloat16_cpu():  # a corral run refuses matmul=bfloat16 on this CPU
+            args.runners = [r for r in args.runners if r != "corral-bf16"]
+            print("corral-bf16 left out: this CPU has no bfloat16 dot products", flush=True)
     if args.worker:  # one pinned run
         if args.worker == "cleanrl":
             out = work_cleanrl(args.steps, args.seed, args.cleanrl_dir)
