@@ -3,6 +3,7 @@ exactly, retries, refusal on changed code, Ray placement, the report's numbers."
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -132,7 +133,12 @@ def test_the_built_in_suites_load_and_list():
 
     names = set(builtin_suites())
     assert {"classic", "box2d", "mujoco", "pybullet", "atari", "hardcore"} <= names
+    assert "zoo" in names
     for name in names:
+        if name == "zoo" and importlib.util.find_spec("rl_zoo3") is None:
+            with pytest.raises(UserError, match=r"corral\[zoo\]"):  # its budgets are rl-zoo's n_timesteps
+                load_suite(name)
+            continue
         s = load_suite(name)
         assert s.cells and s.seeds
     r = subprocess.run([*CLI, "bench", "--list"], capture_output=True, text=True, cwd=ROOT)

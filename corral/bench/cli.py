@@ -70,7 +70,11 @@ def bench(args) -> int:
 
     if args.list:
         for name, path in sorted(builtin_suites().items()):
-            s = load_suite(path)
+            try:
+                s = load_suite(path)
+            except UserError as e:  # e.g. the zoo suite without rl_zoo3
+                print(f"  {name:10s} cannot be run here: {e}")
+                continue
             print(f"  {name:10s} {len(s.cells):3d} cells x {len(s.seeds)} seeds  {s.description.splitlines()[0] if s.description else ''}")
         return 0
     if not args.suite:

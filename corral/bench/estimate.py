@@ -51,7 +51,8 @@ def probe(run: Run, seconds_: float = 20.0) -> Speed:
     from corral.train.setup import build_config
 
     sets = {**dict(run.sets), "eval.every": 0, "checkpoint.every": 0, "progress": False, "tensorboard": False}
-    cfg = build_config(run.algo, run.env, steps=run.steps, seed=run.seed, overrides=sets)
+    cfg = build_config(run.algo, run.env, steps=run.steps, seed=run.seed, overrides=sets, zoo=bool(run.zoo),
+                       lenient=run.zoo == "lenient")
     torch.set_num_threads(max(1, cfg.threads))
     learner = Learner(cfg, None, quiet=True)
     starts = int(getattr(cfg.algo_cfg, "learning_starts", 0) or 0)

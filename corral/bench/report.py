@@ -154,7 +154,7 @@ def cell_rows(res: Results, reps: int = 2000) -> list[dict]:
         out.append({"algo": algo, "env": env, "budget": budget, "iqm": point, "lo": lo, "hi": hi,
                     "seeds": [(r["seed"], r["final_return"], r["code_changed"]) for r in finished],
                     "planned": len(runs), "cpu_h": sum((r["cpu_s"] or 0) for r in runs) / 3600,
-                    "peers": peers.published(env, algo, budget, sources)})
+                    "peers": peers.published(res.suite.peer_env(env), algo, budget, sources)})
     return out
 
 
@@ -173,7 +173,8 @@ def markdown(res: Results, reps: int = 2000, figures: dict | None = None, headin
         f"- **Reproduce**: `corral bench {res.meta.get('suite_arg', s.name)} --out bench/{s.name} && "
         f"corral report bench/{s.name}` "
         f"({len(s.seeds)} seeds: {', '.join(map(str, s.seeds))}; {done} of {len(res.runs)} runs finished).",
-        f"- **Protocol**: each run trains for the cell's budget from the (algo, env) preset; its score is the mean "
+        f"- **Protocol**: each run trains for the cell's budget from the (algo, env) preset"
+        f"{' or rl-zoo' + chr(39) + 's entry' if s.zoo else ''}; its score is the mean "
         f"return of the final policy over {ev.get('episodes', 10)} evaluation episodes "
         f"({'the policy' + chr(39) + 's mode' if ev.get('deterministic', True) else 'sampled actions'}, the env's "
         f"own time limit), on envs apart from training; {ev.get('points', 10)} evaluations along the way give the "
@@ -186,7 +187,15 @@ def markdown(res: Results, reps: int = 2000, figures: dict | None = None, headin
                      "cell's runs, evaluations included.")
     if codes:
         lines.append(f"- **Code**: corral {', '.join(codes)}.")
-    lines += ["", "| env | algo | budget | IQM [95% CI] | seeds | CPU-h | published (same env id, budget at or below) |",
+    if s.zoo:
+        lenient = [c for c, m in s.zoo.items() if m == "lenient"]
+        lines.append(f"- **Hyperparameters**: {', '.join(s.zoo)} run rl-zoo's own entry as `corral train ALGO ENV "
+                     "--zoo` does (rl_zoo3's bundled files, its n_timesteps as the budget)"
+                     + (f"; {', '.join(lenient)} with --lenient: the keys corral cannot honour are skipped "
+                        "(`corral train ALGO ENV --zoo` names them)" if lenient else "") + ".")
+    same = ("same env id" if all(s.peer_env(e) == e for e in s.envs)
+            else "same env id unless another is named")
+    lines += ["", f"| env | algo | budget | IQM [95% CI] | seeds | CPU-h | published ({same}, budget at or below) |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     marked = False
     for c in rows:
@@ -196,7 +205,8 @@ def markdown(res: Results, reps: int = 2000, figures: dict | None = None, headin
         marked |= any(ch for _, _, ch in c["seeds"])
         if len(c["seeds"]) < c["planned"]:
             seeds += f" ({len(c['seeds'])} of {c['planned']})"
-        peers = "; ".join(p.describe() for p in c["peers"]) or "-"
+        on = "" if s.peer_env(c["env"]) == c["env"] else f" on {s.peer_env(c['env'])}"
+        peers = "; ".join(p.describe() + on for p in c["peers"]) or "-"
         lines.append(f"| {c['env']} | {c['algo']} | {_steps(c['budget'])} | {iqm} | {seeds or '-'} | "
                      f"{c['cpu_h']:.3f} | {peers} |")
     total = sum(c["cpu_h"] for c in rows)

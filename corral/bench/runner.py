@@ -184,7 +184,8 @@ def _run(run_dir: Path, allow_code_change: bool) -> int:
         from corral.train.setup import build_config
 
         cfg = build_config(spec["algo"], spec["env"], steps=int(spec["steps"]), seed=int(spec["seed"]),
-                           overrides=spec.get("set", {}))
+                           overrides=spec.get("set", {}), zoo=bool(spec.get("zoo")),
+                           lenient=spec.get("zoo") == "lenient")
         learner = Learner(cfg, None, quiet=True)
         learner.run_dir = run_dir
         (run_dir / "checkpoints").mkdir(exist_ok=True)

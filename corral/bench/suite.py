@@ -13,12 +13,16 @@ A suite file is YAML::
         envs: [CartPole-v1]
         steps: 50000              # optional: the block's budget
         set: {eval.num_envs: 5}   # optional: config keys for every cell of the block
+        zoo: true                 # optional: start from rl-zoo's entry (``corral train --zoo``), not
+                                  # the preset; ``lenient`` skips the keys corral cannot honour
     cells:                        # optional: per-cell overrides, keyed ALGO/ENV
       dqn/CartPole-v1: {steps: 60000, set: {dqn.lr: 0.001}}
 
 A cell's budget is the first of: its ``cells`` entry, its block's ``steps``, its env's ``steps``,
-the (algo, env) preset's ``steps``. Every run starts from the (algo, env) preset, as ``corral
-train`` does. Nothing here runs anything: :func:`load_suite` reads and checks, ``Suite.runs()``
+the (algo, env) preset's ``steps`` (or, with ``zoo``, the rl-zoo entry's ``n_timesteps``). Every
+run starts from the (algo, env) preset, as ``corral train`` does, or from rl-zoo's entry.
+``envs.ENV.peer_env`` names the env id whose published figures ``corral report`` shows beside
+the cell, marked with that id (rl-zoo's table is on ``LunarLander-v2``). Nothing here runs anything: :func:`load_suite` reads and checks, ``Suite.runs()``
 lists the runs.
 """
 
@@ -37,7 +41,9 @@ from corral.errors import UserError
 SUITE_KEYS = {"name", "description", "seeds", "eval", "peers", "envs", "grid", "cells", "checkpoint_every",
               "threads", "speeds", "machine"}
 EVAL_KEYS = {"episodes", "points", "every", "deterministic", "num_envs"}
-BLOCK_KEYS = {"algos", "envs", "steps", "set"}
+BLOCK_KEYS = {"algos", "envs", "steps", "set", "zoo"}
+ENV_KEYS = {"steps", "random", "reference", "set", "peer_env"}
+ZOO_MODES = {True: "strict", "strict": "strict", "lenient": "lenient"}
 CELL_KEYS = {"steps", "set"}
 
 
@@ -50,6 +56,7 @@ class Run:
     seed: int
     steps: int
     sets: tuple[tuple[str, Any], ...]  # config keys: the suite's protocol and the cell's overrides
+    zoo: str | None = None  # "strict" / "lenient": built from rl-zoo's entry (corral train --zoo)
 
     @property
     def cell(self) -> str:
@@ -61,8 +68,11 @@ class Run:
 
     def spec(self) -> dict:
         """What the run is: compared with the spec a run directory already holds."""
-        return {"algo": self.algo, "env": self.env, "seed": self.seed, "steps": self.steps,
+        spec = {"algo": self.algo, "env": self.env, "seed": self.seed, "steps": self.steps,
                 "set": {k: v for k, v in self.sets}}
+        if self.zoo:
+            spec["zoo"] = self.zoo
+        return spec
 
 
 @dataclass
@@ -74,6 +84,7 @@ class Suite:
     peers: list[str]
     envs: dict[str, dict]
     cells: list[tuple[str, str, int, dict]]  # (algo, env, steps, sets) in the file's order
+    zoo: dict[str, str] = field(default_factory=dict)  # "algo/env" -> "strict" / "lenient" (rl-zoo's entry)
     checkpoint_every: int | None = None
     threads: int = 1
     speeds: dict = field(default_factory=dict)  # "algo/env": {"steps_per_s", "rss_mb"} measured on `machine`
@@ -104,7 +115,7 @@ class Suite:
                     continue
                 n = max(1, int(steps * steps_scale))
                 merged = {**self.protocol_sets(n), **sets}
-                out.append(Run(algo, env, seed, n, tuple(sorted(merged.items()))))
+                out.append(Run(algo, env, seed, n, tuple(sorted(merged.items())), self.zoo.get(f"{algo}/{env}")))
         return out
 
     def normalization(self, env: str) -> tuple[float, float] | None:
@@ -112,6 +123,10 @@ class Suite:
         if "random" in e and "reference" in e:
             return float(e["random"]), float(e["reference"])
         return None
+
+    def peer_env(self, env: str) -> str:
+        """The env id whose published figures stand beside ``env``'s cells."""
+        return str(self.envs.get(env, {}).get("peer_env", env))
 
 
 def builtin_suites() -> dict[str, Path]:
@@ -159,15 +174,17 @@ def parse_suite(data: Any, source: str = "<suite>") -> Suite:
     _check_keys(f"suite {source!r}: eval", ev, EVAL_KEYS)
     envs = {str(k): dict(v or {}) for k, v in (data.get("envs") or {}).items()}
     for env, e in envs.items():
-        _check_keys(f"suite {source!r}: envs.{env}", e, {"steps", "random", "reference", "set"})
+        _check_keys(f"suite {source!r}: envs.{env}", e, ENV_KEYS)
     overrides = {str(k): dict(v or {}) for k, v in (data.get("cells") or {}).items()}
     cells: list[tuple[str, str, int, dict]] = []
+    zoo: dict[str, str] = {}
     seen = set()
     for i, block in enumerate(data.get("grid") or []):
         where = f"suite {source!r}: grid[{i}]"
         if not isinstance(block, dict):
             raise UserError(f"{where}: expected a mapping with 'algos' and 'envs'")
         _check_keys(where, block, BLOCK_KEYS)
+        zoo_mode = _zoo_mode(where, block.get("zoo", False))
         for algo in block.get("algos") or []:
             if algo not in ALGOS:
                 raise UserError(f"{where}: unknown algorithm {algo!r} (`corral list` shows them)")
@@ -179,18 +196,41 @@ def parse_suite(data: Any, source: str = "<suite>") -> Suite:
                 cell = overrides.get(key, {})
                 _check_keys(f"suite {source!r}: cells.{key}", cell, CELL_KEYS)
                 steps = (cell.get("steps") or block.get("steps") or envs.get(env, {}).get("steps")
-                         or load_preset(algo, env, base=ALGOS[algo].cls.name).get("steps"))
+                         or (_zoo_steps(algo, env, zoo_mode) if zoo_mode else
+                             load_preset(algo, env, base=ALGOS[algo].cls.name).get("steps")))
                 if not steps:
                     raise UserError(f"{where}: cell {key} has no budget: give 'steps' in the block, in "
                                     f"envs.{env} or in cells.{key} (there is no preset for it)")
                 sets = {**envs.get(env, {}).get("set", {}), **(block.get("set") or {}), **cell.get("set", {})}
                 cells.append((algo, str(env), int(float(steps)), sets))
+                if zoo_mode:
+                    zoo[key] = zoo_mode
     if not cells:
         raise UserError(f"suite {source!r}: the grid names no cells (give 'grid' blocks with 'algos' and 'envs')")
     stray = sorted(set(overrides) - seen)
     if stray:
         raise UserError(f"suite {source!r}: cells.{stray[0]} is not in the grid")
     return Suite(name=name, description=str(data.get("description", "")).strip(), seeds=seeds, eval=ev,
-                 peers=list(data.get("peers") or []), envs=envs, cells=cells,
+                 peers=list(data.get("peers") or []), envs=envs, cells=cells, zoo=zoo,
                  checkpoint_every=data.get("checkpoint_every"), threads=int(data.get("threads", 1)),
                  speeds=dict(data.get("speeds") or {}), machine=data.get("machine"), source=source, raw=data)
+
+
+def _zoo_mode(where: str, value: Any) -> str | None:
+    if value is False or value is None:
+        return None
+    if value not in ZOO_MODES:
+        raise UserError(f"{where}: zoo: expected true, false or lenient, got {value!r}")
+    return ZOO_MODES[value]
+
+
+def _zoo_steps(algo: str, env: str, mode: str) -> int | None:
+    """The budget of rl-zoo's entry for the cell (its ``n_timesteps``); a strict cell whose entry
+    has keys corral cannot honour is refused here, before any run starts."""
+    from corral import zoo as Z
+    from corral.train.setup import _is_atari
+
+    t = Z.load_entry(algo, env, is_atari=_is_atari(env))
+    if t.refused and mode == "strict":
+        raise UserError(Z.refusal_message(t).replace("pass --lenient", "give the block 'zoo: lenient'"))
+    return next((int(v) for k, v in reversed(t.pairs) if k == "steps"), None)
