@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from corral.algos.onpolicy import OnPolicy, OnPolicyConfig, actor_option, make_user_actor, normalized
+from corral.algos.sde import SDEConfig
 from corral.config import option
 from corral.optim import FlatAdam, FlatRMSprop
 
@@ -45,7 +46,7 @@ class PolicyGradientConfig(OnPolicyConfig):
 
 
 @dataclass
-class A2CConfig(PolicyGradientConfig):
+class A2CConfig(SDEConfig, PolicyGradientConfig):
     n_steps: int = option(5, "env steps per env per rollout (the n of n-step returns)", ge=1)
     gae_lambda: float = option(1.0, "GAE lambda (1.0: n-step returns, as SB3)", ge=0, le=1)
     normalize_reward: bool = option(False, "scale rewards by the running std of the discounted return")

@@ -29,7 +29,9 @@ import torch
 
 from corral.actors.actor_critic import ActorCritic
 from corral.actors.normalizer import RunningNormalizer
+from corral.actors.sde import SDEActorCritic
 from corral.algos.base import Algorithm, Step
+from corral.algos.sde import SDEConfig, SDEExploration, sde_options_unused
 from corral.config import Activation, Schedule, option
 from corral.errors import TrainingError, UserError
 from corral.nets import MLP, CategoricalHead, NatureCNN
@@ -197,6 +199,7 @@ class OnPolicy(Algorithm):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(rng.seeds["init"])
             self.actor = self.make_actor().to(device)
+        self.sde = self._sde_exploration()
         self.ret_norm = RunningNormalizer((), enabled=self.reward_clip() is not None).to(device)
         self._disc_return = torch.zeros(num_envs, device=device)
         self.optimizer = self.make_optimizer() if self.learns else None
@@ -218,9 +221,33 @@ class OnPolicy(Algorithm):
         """The actor-critic (built under the run's init seed): ``ActorCritic``. A member or a
         problem (the MaxCut node policy) returns its own module with ``ActorCritic``'s interface."""
         cfg = self.cfg
+        extractor = make_extractor(cfg.features, self.obs_space, self.name)
+        if getattr(cfg, "use_sde", False):  # gSDE (corral.algos.sde): PPO's and A2C's option
+            try:
+                return SDEActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
+                                      cfg.normalize_obs, cfg.log_std_init, extractor=extractor, init=cfg.init,
+                                      full_std=cfg.full_std, use_expln=cfg.use_expln)
+            except ValueError as e:
+                raise UserError(f"{self.name}.use_sde: {e}") from None
         return ActorCritic(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation, cfg.normalize_obs,
-                           cfg.log_std_init, extractor=make_extractor(cfg.features, self.obs_space, self.name),
-                           init=cfg.init)
+                           cfg.log_std_init, extractor=extractor, init=cfg.init)
+
+    def _sde_exploration(self) -> SDEExploration | None:
+        """gSDE's per-env exploration matrices, redrawn at each rollout's start (``n_steps``)."""
+        cfg = self.cfg
+        if not isinstance(cfg, SDEConfig):
+            return None
+        if not cfg.use_sde:
+            sde_options_unused(self.name, (("sde_sample_freq", cfg.sde_sample_freq, -1),
+                                           ("full_std", cfg.full_std, True), ("use_expln", cfg.use_expln, False)))
+            return None
+        if not isinstance(self.actor, SDEActorCritic):
+            raise UserError(f"{self.name}.use_sde: gSDE is built into PPO's and A2C's actor-critic; {self.name} "
+                            "builds another actor (a user's actor class, a recurrent or multi-agent one); "
+                            "set use_sde=false")
+        head = self.actor.head
+        return SDEExploration(head.latent_dim, head.act_dim, self.num_envs, cfg.n_steps, cfg.sde_sample_freq,
+                              self.device)
 
     def make_optimizer(self):
         """The optimizer over the actor-critic, a flat one (``corral.optim``): gradient workers
@@ -271,6 +298,10 @@ class OnPolicy(Algorithm):
 
     # --- acting and storing
     def explore(self, obs):
+        if self.sde is not None:
+            noise = self.sde.next(self.actor.head, obs.shape[0], self.rng["action"])
+            env_action, action, log_prob, value, x = self.actor.explore(obs, self.rng["action"], noise)
+            return env_action, PPOExtras(action, log_prob, value, x)
         env_action, action, log_prob, value, x = self.actor.explore(obs, self.rng["action"])
         return env_action, PPOExtras(action, log_prob, value, x)
 
@@ -385,10 +416,14 @@ class OnPolicy(Algorithm):
         state = {"disc_return": self._disc_return.clone(), "updates": self.updates}
         if self.storage is not None:
             state["storage"] = self.storage.state_dict()
+        if self.sde is not None:
+            state["sde"] = self.sde.state_dict()
         return state
 
     def load_extra_state(self, state):
         self._disc_return.copy_(state["disc_return"])
         if self.storage is not None:
             self.storage.load_state_dict(state["storage"])
+        if self.sde is not None and "sde" in state:
+            self.sde.load_state_dict(state["sde"])
         self.updates = int(state["updates"])

@@ -24,6 +24,7 @@ from corral.algos.onpolicy import (
     normalized,
     scheduled,
 )
+from corral.algos.sde import SDEConfig
 from corral.config import Schedule, option
 from corral.errors import UserError
 from corral.kernels.ppo import CategoricalPPOLoss
@@ -53,7 +54,7 @@ class SurrogateConfig(OnPolicyConfig):
 
 
 @dataclass
-class PPOConfig(SurrogateConfig):
+class PPOConfig(SDEConfig, SurrogateConfig):
     gae_lambda: float = option(0.95, "GAE lambda", ge=0, le=1)
     clip_range_vf: float | None = option(None, "value clipping range (None: no value clipping)", gt=0)
 

@@ -1,5 +1,11 @@
 """Soft Actor-Critic (Haarnoja et al. 2018, "SAC: algorithms and applications"):
-squashed Gaussian policy, twin critics as one batched module, automatic entropy tuning."""
+squashed Gaussian policy, twin critics as one batched module, automatic entropy tuning.
+
+``use_sde``: gSDE's state-dependent exploration (``corral.algos.sde``) as SB3's SAC has it:
+the actor is ``SDESquashedGaussianActor``; collection acts with each env's exploration matrix,
+and each gradient step draws one matrix for the whole batch, shared by the target's next
+action and the actor loss's sample (its ``theta = sigma * z`` carries the actor loss's gradient
+to the learned std)."""
 
 from __future__ import annotations
 
@@ -11,21 +17,27 @@ import gymnasium as gym
 import torch
 
 from corral.actors.offpolicy import SquashedGaussianActor
+from corral.actors.sde import SDESquashedGaussianActor
 from corral.algos.base import Action
 from corral.algos.offpolicy import ActorCriticOffPolicy, OffPolicyConfig
+from corral.algos.sde import SDEConfig, SDEExploration, sde_options_unused
 from corral.config import option
 from corral.errors import UserError
 from corral.optim import FlatAdam
 
 
 @dataclass
-class SACConfig(OffPolicyConfig):
+class SACConfig(SDEConfig, OffPolicyConfig):
     n_critics: int = option(2, "critics; targets use the min over them", ge=1)
     ent_coef: float | None = option(None, "fixed entropy coefficient alpha (None: tuned automatically)", ge=0)
     ent_coef_init: float = option(1.0, "initial alpha when tuned", gt=0)
     target_entropy: float | None = option(None, "entropy target (None: -action_dim)")
     actor_lr: float | None = option(None, "actor and alpha learning rate (None: same as lr)", gt=0)
     policy_delay: int = option(1, "actor updates every this many critic updates", ge=1)
+    use_sde_at_warmup: bool = option(
+        False, "gSDE: act with the policy's state-dependent noise before learning_starts too (else uniform actions)")
+    log_std_init: float = option(-3.0, "gSDE: initial log std of the exploration matrix (the plain actor outputs "
+                                       "its log std)")
 
 
 class SAC(ActorCriticOffPolicy):
@@ -41,6 +53,7 @@ class SAC(ActorCriticOffPolicy):
         self.check_action_space(act_space)
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
         self.actor, self.critics = self._build(self.make_networks)
+        self.sde = self._sde_exploration()
         if "critics_target" in self.networks:  # CrossQ declares none
             self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
         self.actor_opt = self._optimizer(self.actor.parameters(), cfg.actor_lr or cfg.lr)
@@ -63,10 +76,34 @@ class SAC(ActorCriticOffPolicy):
 
     def make_actor(self) -> torch.nn.Module:
         cfg = self.cfg
+        if cfg.use_sde:
+            try:
+                return SDESquashedGaussianActor(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
+                                                cfg.normalize_obs, cfg.log_std_init, cfg.full_std, cfg.use_expln)
+            except ValueError as e:
+                raise UserError(f"{self.name}.use_sde: {e}") from None
         return SquashedGaussianActor(self.obs_space, self.act_space, tuple(cfg.hidden), cfg.activation,
                                      cfg.normalize_obs)
 
+    def _sde_exploration(self) -> SDEExploration | None:
+        """gSDE's per-env exploration matrices, redrawn at each rollout's start (``train_freq``)."""
+        cfg = self.cfg
+        if not cfg.use_sde:
+            sde_options_unused(self.name, (("sde_sample_freq", cfg.sde_sample_freq, -1),
+                                           ("use_sde_at_warmup", cfg.use_sde_at_warmup, False),
+                                           ("log_std_init", cfg.log_std_init, -3.0), ("full_std", cfg.full_std, True),
+                                           ("use_expln", cfg.use_expln, False)))
+            return None
+        if not isinstance(self.actor, SDESquashedGaussianActor):
+            raise UserError(f"{self.name}.use_sde: gSDE is built into SAC's and TQC's actor; {self.name} builds "
+                            "another one; set use_sde=false")
+        sde = self.actor.sde
+        return SDEExploration(sde.latent_dim, sde.act_dim, self.num_envs, cfg.train_freq, cfg.sde_sample_freq,
+                              self.device)
+
     def explore(self, obs):
+        if self.sde is not None:
+            return self._explore_sde(obs)
         box = self.actor.box
         if self.env_steps < self.cfg.learning_starts:
             unit = torch.rand(obs.shape[0], box.dim, generator=self.rng["noise"], device=self.device) * 2 - 1
@@ -75,11 +112,28 @@ class SAC(ActorCriticOffPolicy):
         env_action = box.to_env(unit)
         return env_action, Action(env_action)
 
+    def _explore_sde(self, obs):
+        """Acting with each env's exploration matrix; the matrices' cadence runs in the warm-up
+        too, as SB3's rollouts do, whether or not the warm-up acts with them."""
+        box, cfg = self.actor.box, self.cfg
+        z = self.sde.next(self.actor.sde, obs.shape[0], self.rng["action"])
+        if self.env_steps < cfg.learning_starts and not cfg.use_sde_at_warmup:
+            unit = torch.rand(obs.shape[0], box.dim, generator=self.rng["noise"], device=self.device) * 2 - 1
+        else:
+            unit, _ = self.actor(self.actor.enc(obs), noise=z, log_prob=False)
+        env_action = box.to_env(unit)
+        return env_action, Action(env_action)
+
     def _actor_step(self) -> bool:
         return (self.grad_steps + 1) % self.cfg.policy_delay == 0
 
     def draw_noise(self, batch_size):
         # as the step uses them: the next action's sample, then the new action's (actor steps only)
+        if self.sde is not None:
+            # one exploration matrix for the whole step (SB3's reset_noise per gradient step), a row view
+            # each so a gradient worker's shard of the rows carries it
+            z = self.actor.sde.draw(None, self.rng["noise"]).expand(batch_size, -1, -1)
+            return {"next": z, "new": z} if self._actor_step() else {"next": z}
         shape = (batch_size, self.actor.box.dim)
         noise = {"next": torch.randn(shape, generator=self.rng["noise"], device=self.device)}
         if self._actor_step():
@@ -155,3 +209,14 @@ class SAC(ActorCriticOffPolicy):
     def after_step(self, stats):
         if self._target_step():
             self.polyak(self.critics_target, self.critics, self.cfg.tau, self._pairs)
+
+    def extra_state(self):
+        state = super().extra_state()
+        if self.sde is not None:
+            state["sde"] = self.sde.state_dict()
+        return state
+
+    def load_extra_state(self, state):
+        super().load_extra_state(state)
+        if self.sde is not None and "sde" in state:
+            self.sde.load_state_dict(state["sde"])

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from corral.zoo.context import Context, Pairs, Refused, _refuse, _refuse_if_set, _same, _schedule
 from corral.zoo.literal import parse_literal
-from corral.zoo.policy_keys import _normalize, _policy, _policy_kwargs
+from corral.zoo.policy_keys import _normalize, _policy, _policy_kwargs, sde_field
 
 
 def _steps(value: Any, ctx: Context) -> Pairs:
@@ -133,11 +133,20 @@ def _noise_std(value: Any, ctx: Context) -> Pairs:
     return []  # read by noise_type
 
 
-def _with_sde(value: Any, ctx: Context) -> Pairs:
-    """with use_sde"""
-    if not ctx.entry.get("use_sde"):
-        return []  # SB3 ignores it without use_sde
-    raise Refused("part of gSDE (use_sde), which corral does not have")
+def _use_sde(value: Any, ctx: Context) -> Pairs:
+    """use_sde (gSDE: sac, tqc, ppo, a2c); none when false"""
+    if not value:
+        return []
+    return [(sde_field("use_sde", ctx), True)]
+
+
+def _sde_key(name: str) -> Callable[[Any, Context], Pairs]:
+    def fn(value: Any, ctx: Context) -> Pairs:
+        if not ctx.entry.get("use_sde"):
+            return []  # SB3 ignores it without use_sde
+        return [(sde_field(name, ctx), value)]
+    fn.__doc__ = f"{name} with use_sde; none without (SB3 ignores it then)"
+    return fn
 
 
 def _off_policy_n_step(value: Any, ctx: Context) -> Pairs:
@@ -236,13 +245,10 @@ KEYS: dict[str, Callable[[Any, Context], Pairs]] = {
         "none when false (SB3's default)",
         "SB3's memory-saving replay layout has no switch in corral (its replay stores Atari frames once "
         "already, docs/architecture.md)"),
+    "use_sde": _use_sde,
+    "sde_sample_freq": _sde_key("sde_sample_freq"),
+    "use_sde_at_warmup": _sde_key("use_sde_at_warmup"),
     # refused, with the reason
-    "use_sde": _refuse_if_set(
-        "none when false; true refused (no gSDE in corral)",
-        "corral has no generalized State-Dependent Exploration (gSDE); its Gaussian policies sample "
-        "independent noise each step"),
-    "sde_sample_freq": _with_sde,
-    "use_sde_at_warmup": _with_sde,
     "replay_buffer_class": _replay_buffer_class,
     "replay_buffer_kwargs": _replay_buffer_kwargs,
     "model_class": _refuse(_HER),

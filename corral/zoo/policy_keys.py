@@ -11,6 +11,16 @@ from corral.zoo.literal import Name, parse_literal
 
 _RECURRENT_POLICIES = ("MlpLstmPolicy", "CnnLstmPolicy", "MultiInputLstmPolicy")
 
+# the algorithms with gSDE (corral.algos.sde); sb3-contrib's CrossQ, TRPO and RecurrentPPO have it too
+SDE_ALGOS = ("sac", "tqc", "ppo", "a2c")
+
+
+def sde_field(name: str, ctx: Context) -> str:
+    """``<algo>.<name>`` for a gSDE key, or Refused where the algorithm has no gSDE in corral."""
+    if ctx.algo not in SDE_ALGOS:
+        raise Refused(f"gSDE (use_sde) is in corral's {', '.join(SDE_ALGOS)}; {ctx.algo} in corral has none")
+    return ctx.field(name)
+
 
 def _policy(value: Any, ctx: Context) -> Pairs:
     """none: corral picks the network from the observation space (MLP, CNN for images, both for Dict); ars:
@@ -75,7 +85,8 @@ _ACTIVATION = {"nn.Tanh": "tanh", "nn.ReLU": "relu", "nn.ELU": "elu", "nn.SiLU":
 
 def _policy_kwargs(value: Any, ctx: Context) -> Pairs:
     """hidden (net_arch), activation (activation_fn), log_std_init, n_critics, n_quantiles, critic_hidden
-    (CrossQ's qf), core_size / core_layers / shared_core (ppo_lstm); each other key refused with its reason"""
+    (CrossQ's qf), core_size / core_layers / shared_core (ppo_lstm), use_expln / full_std (with use_sde; none
+    without); each other key refused with its reason"""
     if isinstance(value, str):
         value = parse_literal(value, "policy_kwargs")
     if not isinstance(value, dict):
@@ -122,6 +133,8 @@ def _policy_kwarg(k: str, v: Any, allkw: dict, ctx: Context) -> Pairs:
             raise Refused(f"{name} is not one of corral's activations (nn.Tanh, nn.ReLU, nn.ELU, nn.SiLU)")
         return [(ctx.field("activation"), _ACTIVATION[name])]
     if k == "log_std_init":
+        if ctx.has("use_sde_at_warmup") and not ctx.entry.get("use_sde"):
+            return []  # SB3's SAC and TQC read it only with gSDE (their plain actor outputs its log std)
         return [(ctx.field("log_std_init", f"{ctx.algo} in corral has no log_std_init (SB3 uses it with gSDE)"),
                  float(v))]
     if k == "ortho_init":  # SB3's orthogonal init (True, the default) or nn.Linear's own (False)
@@ -168,6 +181,6 @@ def _policy_kwarg(k: str, v: Any, allkw: dict, ctx: Context) -> Pairs:
             else:
                 raise Refused(f"optimizer argument {ok!r} has no counterpart in corral's {ctx.algo}")
         return pairs
-    if k == "use_expln":
-        raise Refused("use_expln is part of gSDE (generalized State-Dependent Exploration), which corral does not have")
+    if k in ("use_expln", "full_std"):  # gSDE's: SB3 passes them to the distribution only with use_sde
+        return [(sde_field(k, ctx), bool(v))] if ctx.entry.get("use_sde") else []
     raise Refused(f"SB3's policy argument {k!r} has no counterpart in corral")
