@@ -173,7 +173,8 @@ def make(algo, num_envs=2, **overrides):
                                             ("sac", {"learning_starts": 100, "use_sde_at_warmup": True,
                                                      "train_freq": 3}, 3),
                                             ("ppo", {"n_steps": 6, "batch_size": 12, "sde_sample_freq": 3}, 3),
-                                            ("a2c", {"n_steps": 5}, 5)])
+                                            ("a2c", {"n_steps": 5}, 5),
+                                            ("trpo", {"n_steps": 6, "batch_size": 12, "sde_sample_freq": 3}, 3)])
 def test_an_algorithm_acts_with_fixed_matrices_between_redraws(algo, kw, period):
     a = make(algo, hidden=(16,), **kw)
     obs = torch.randn(1, 3).expand(2, 3)  # both envs in one state

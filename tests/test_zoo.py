@@ -363,13 +363,13 @@ def test_policy_kwargs_parser_refuses_code(text, needle):
 # --- refusals, --lenient, the budget
 
 
-# trpo has no gSDE in corral (ppo, a2c, sac and tqc have it: tests/test_gsde.py)
-TRPO_SDE_YML = """
+# crossq has no gSDE in corral (ppo, a2c, trpo, sac and tqc have it: tests/test_gsde.py, test_gsde_trpo.py)
+CROSSQ_SDE_YML = """
 Pendulum-v1:
   n_envs: 4
   n_timesteps: !!float 1e5
   policy: 'MlpPolicy'
-  n_steps: 1024
+  batch_size: 64
   use_sde: True
   sde_sample_freq: 4
 """
@@ -377,7 +377,7 @@ Pendulum-v1:
 
 def test_a_key_corral_cannot_honour_is_refused_with_its_name_and_the_fix(zoo_file):
     with pytest.raises(UserError, match=r"'use_sde'.*gSDE.*--lenient") as e:
-        build_config("trpo", "Pendulum-v1", config_file=zoo_file("trpo.yml", TRPO_SDE_YML))
+        build_config("crossq", "Pendulum-v1", config_file=zoo_file("crossq.yml", CROSSQ_SDE_YML))
     assert "'sde_sample_freq'" in str(e.value)
     data = {"CartPole-v1": {"n_timesteps": 10, "policy": "MlpPolicy", "callback": "x.Y", "frobnicate": 3,
                             "policy_kwargs": "dict(net_arch=[32], ortho_init=False, activation_fn=nn.GELU)"}}
@@ -389,11 +389,11 @@ def test_a_key_corral_cannot_honour_is_refused_with_its_name_and_the_fix(zoo_fil
 
 
 def test_lenient_reports_each_skipped_key_on_stderr(zoo_file, capsys):
-    cfg = build_config("trpo", "Pendulum-v1", config_file=zoo_file("trpo.yml", TRPO_SDE_YML), lenient=True)
+    cfg = build_config("crossq", "Pendulum-v1", config_file=zoo_file("crossq.yml", CROSSQ_SDE_YML), lenient=True)
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if "(--lenient)" in ln]
     assert len(lines) == 2 and "'use_sde'" in lines[0] and "'sde_sample_freq'" in lines[1]
-    assert cfg.algo_cfg.n_steps == 1024 and cfg.env.num_envs == 4
+    assert cfg.algo_cfg.batch_size == 64 and cfg.env.num_envs == 4
 
 
 def test_n_timesteps_is_the_budget_unless_steps_is_given(zoo_file):
@@ -404,7 +404,7 @@ def test_n_timesteps_is_the_budget_unless_steps_is_given(zoo_file):
 
 
 def test_cli_refusal_is_one_message_and_exit_2(zoo_file, capsys, tmp_path):
-    rc = main(["train", "trpo", "Pendulum-v1", "--config", zoo_file("trpo.yml", TRPO_SDE_YML), "--run-dir",
+    rc = main(["train", "crossq", "Pendulum-v1", "--config", zoo_file("crossq.yml", CROSSQ_SDE_YML), "--run-dir",
                str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("corral: error: ") and err.count("\n") == 1 and "use_sde" in err
@@ -452,7 +452,10 @@ def test_list_zoo_shows_ok_and_refused_entries(capsys):
     assert any(ln.split()[:3] == ["ppo", "CartPole-v1", "ok"] for ln in out.splitlines())
     assert any(ln.split()[:3] == ["ppo", "Pendulum-v1", "ok"] for ln in out.splitlines())  # gSDE
     assert any(ln.split()[:3] == ["trpo", "CartPole-v1", "ok"] for ln in out.splitlines())
-    assert any(ln.split()[:3] == ["trpo", "Pendulum-v1", "refused"] and "use_sde" in ln for ln in out.splitlines())
+    assert any(ln.split()[:3] == ["trpo", "Pendulum-v1", "ok"] for ln in out.splitlines())  # gSDE
+    assert any(ln.split()[:3] == ["td3", "MountainCarContinuous-v0", "ok"] for ln in out.splitlines())  # OU noise
+    assert any(ln.split()[:3] == ["crossq", "MountainCarContinuous-v0", "refused"] and "use_sde" in ln
+               for ln in out.splitlines())
     assert any(ln.split()[:3] == ["ars", "CartPole-v1", "ok"] for ln in out.splitlines())
 
 
@@ -460,7 +463,7 @@ def test_list_zoo_shows_ok_and_refused_entries(capsys):
 def test_zoo_entries_script_on_a_sample():
     # MiniGrid's entry names an env_wrapper (minigrid.wrappers.FlatObsWrapper: env.wrappers); her.yml's
     # algorithm is not one corral runs (its reason is listed)
-    sample = "ppo/CartPole-v1,dqn/CartPole-v1,trpo/Pendulum-v1,ars/CartPole-v1,ppo/MiniGrid-Empty-Random-5x5-v0," \
+    sample = "ppo/CartPole-v1,dqn/CartPole-v1,crossq/MountainCarContinuous-v0,ars/CartPole-v1,ppo/MiniGrid-Empty-Random-5x5-v0," \
              "her/FetchReach-v1"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "zoo_entries.py"), "--steps", "300",
                            "--only", sample], capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -24,6 +24,14 @@ scaling, collectors and checkpoints. TRPO's part is ``train_minibatches``, the u
 The policy's outputs for the step are computed through ``ParallelMLP``'s plain autograd path
 (``members``: the policy member only), which supports the double backward the Fisher-vector
 product needs; the acting path keeps the fused one. No entropy bonus, no clipping.
+
+``use_sde``: gSDE (``corral.algos.sde``) as sb3-contrib's TRPO takes it. The actor-critic is
+``SDEActorCritic``; collection acts with each env's exploration matrix, redrawn at every
+rollout's start and every ``sde_sample_freq`` vector steps (the on-policy loop's, as PPO's).
+The policy step reads the state-dependent distribution ``N(mean(s), (phi(s)^2) @ (sigma^2))``:
+its surrogate ratio, its KL (the same diagonal-Gaussian KL, now with a per-state std) and so
+its Fisher matrix are those of that distribution, whose parameters are the policy member, the
+mean layer and sigma's log std. The line search and the KL bound hold as without gSDE.
 """
 
 from __future__ import annotations
@@ -33,14 +41,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from corral.actors.sde import SDEActorCritic
 from corral.algos.onpolicy import OnPolicy, OnPolicyConfig, PPOBatch, check_batch_size, normalized
+from corral.algos.sde import SDEConfig
 from corral.config import option
 from corral.nets import DiagGaussianHead
+from corral.nets.sde import StateDependentNoise
 from corral.optim import FlatAdam
 
 
 @dataclass
-class TRPOConfig(OnPolicyConfig):
+class TRPOConfig(SDEConfig, OnPolicyConfig):
     n_steps: int = option(2048, "env steps per env per rollout", ge=1)
     batch_size: int = option(128, "minibatch size of the value fitting", ge=1)
     n_critic_updates: int = option(10, "epochs of value fitting (Adam) per rollout", ge=1)
@@ -90,9 +101,10 @@ def conjugate_gradient(matvec, b: torch.Tensor, max_steps: int, tol: float = 1e-
 
 def kl_divergence(head: torch.nn.Module, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     """Per-row ``KL(old || new)`` between two outputs of ``head``: a diagonal Gaussian's
-    ``[mean, log_std]``, or (categorical and multi-categorical heads) log-probabilities, where
-    the sum over every branch's entries is the sum of the branches' KLs."""
-    if isinstance(head, DiagGaussianHead):
+    ``[mean, log_std]`` (gSDE's head gives the same layout, its log std per state), or
+    (categorical and multi-categorical heads) log-probabilities, where the sum over every
+    branch's entries is the sum of the branches' KLs."""
+    if isinstance(head, (DiagGaussianHead, StateDependentNoise)):
         mu0, ls0 = old.chunk(2, dim=-1)
         mu1, ls1 = new.chunk(2, dim=-1)
         return (ls1 - ls0 + ((2 * ls0).exp() + (mu0 - mu1).square()) / (2 * (2 * ls1).exp()) - 0.5).sum(-1)
@@ -114,9 +126,12 @@ class TRPO(OnPolicy):
             # 1 on the value member's weights in the optimizer's flat layout: the value fitting's gradient is
             # masked to them
             value_rows = {id(t) for t in (*body.weights, *body.biases)}
+            # gSDE's actor-critic: its value layer sits beside the batched body, all of it the value's
+            value_only = {id(t) for t in self.actor.value_net.parameters()} if self.sde is not None else set()
             self.value_mask = torch.cat([
                 (torch.zeros_like(p).index_fill_(0, torch.tensor([1], device=device), 1.0) if id(p) in value_rows
-                 else torch.zeros_like(p)).reshape(-1) for p in self.optimizer.params])
+                 else torch.ones_like(p) if id(p) in value_only else torch.zeros_like(p)).reshape(-1)
+                for p in self.optimizer.params])
 
     def make_optimizer(self):
         """Adam for the value fitting (its gradient masked to the value network's weights); the
@@ -131,6 +146,9 @@ class TRPO(OnPolicy):
         """The distribution parameters of stored observations ``x`` through the plain autograd path
         (twice differentiable), the policy member only."""
         actor = self.actor
+        if isinstance(actor, SDEActorCritic):  # gSDE: the mean from phi(s), the per-state std from phi(s), sigma
+            phi = actor.body(actor.features(x), members=self._pi)[0]
+            return actor.head.params(actor.action_net(phi), phi)
         logits = actor.body(actor.features(x), members=self._pi)[0]
         if actor.mask_slice is not None:
             logits = logits.masked_fill(x[:, actor.mask_slice] < 0.5, -1e8)
@@ -220,4 +238,6 @@ class TRPO(OnPolicy):
         stats = super().update(progress)
         if isinstance(self.actor.head, DiagGaussianHead):
             stats["std"] = float(self.actor.head.log_std.detach().exp().mean())
+        elif isinstance(self.actor.head, StateDependentNoise):  # gSDE: the exploration matrix's mean sigma
+            stats["std"] = float(self.actor.head.std().detach().mean())
         return stats

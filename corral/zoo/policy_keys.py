@@ -11,8 +11,8 @@ from corral.zoo.literal import Name, parse_literal
 
 _RECURRENT_POLICIES = ("MlpLstmPolicy", "CnnLstmPolicy", "MultiInputLstmPolicy")
 
-# the algorithms with gSDE (corral.algos.sde); sb3-contrib's CrossQ, TRPO and RecurrentPPO have it too
-SDE_ALGOS = ("sac", "tqc", "ppo", "a2c")
+# the algorithms with gSDE (corral.algos.sde); sb3-contrib's CrossQ and RecurrentPPO have it too
+SDE_ALGOS = ("sac", "tqc", "ppo", "a2c", "trpo")
 
 
 def sde_field(name: str, ctx: Context) -> str:
