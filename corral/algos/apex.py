@@ -166,9 +166,10 @@ class ApexTD3Config(TD3Config):
     noise_min: float = option(0.05, "Gaussian noise ladder: the smallest std", ge=0)
     prioritized: bool = option(True, "prioritized replay (proportional, sum-tree)")
 
-    # TD3's one exploration std is replaced by the per-env ladder (noise_max, noise_min); taken
+    # TD3's one exploration std (and its OU option) is replaced by the per-env ladder (noise_max, noise_min); taken
     # out of the options (a ClassVar is not a dataclass field: the key is refused as unknown)
     exploration_noise: ClassVar[None] = None
+    exploration_noise_type: ClassVar[None] = None
 
 
 class ApexTD3(ApexMixin, TD3):

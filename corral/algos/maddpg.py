@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +84,9 @@ class MADDPGConfig(TD3Config):
     batch_size: int = option(1024, "team transitions per gradient step", ge=1)
     learning_starts: int = option(1000, "env steps collected (random actions) before the first update", ge=0)
     max_grad_norm: float | None = option(0.5, "global gradient norm clip (None: off)", gt=0)
+    # TD3's Ornstein-Uhlenbeck option is not in MADDPG's acting (Gaussian noise only): taken out of
+    # the options (a ClassVar is not a dataclass field: the key is refused as unknown)
+    exploration_noise_type: ClassVar[None] = None
 
 
 MATD3_OVERRIDES = {"n_critics": 2, "policy_delay": 2, "target_noise": 0.2}

@@ -3,12 +3,21 @@
 TD3 = DDPG + twin critics (min of two targets) + delayed actor updates + target
 policy smoothing. DDPG is the preset with one critic, no delay and no smoothing.
 The critics are one batched module (``Critics``), so the twin costs one forward.
+
+Exploration noise (``exploration_noise_type``) is Gaussian, independent per step, or SB3's
+Ornstein-Uhlenbeck process per env column, ``x <- x + theta (0 - x) dt + sigma sqrt(dt) N(0, 1)``
+(theta 0.15, dt 1e-2, sigma ``exploration_noise``), drawn from the ``noise`` stream, back to 0
+where an env's episode starts and kept in the checkpoint. SB3's process runs through the warm-up
+too (it adds its noise to the random actions); here it is stepped there, the warm-up's actions
+staying uniform, so the process is where SB3's is when learning starts.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import gymnasium as gym
 import torch
@@ -26,9 +35,23 @@ class TD3Config(OffPolicyConfig):
     policy_delay: int = option(2, "actor and target updates every this many critic updates", ge=1)
     target_noise: float = option(0.2, "std of the smoothing noise on target actions (unit action scale)", ge=0)
     target_noise_clip: float = option(0.5, "clip of the smoothing noise", ge=0)
-    exploration_noise: float = option(0.1, "std of the Gaussian exploration noise (unit action scale)", ge=0)
+    exploration_noise: float = option(0.1, "std of the Gaussian exploration noise (unit action scale); with "
+                                           "ornstein-uhlenbeck the process's sigma", ge=0)
+    exploration_noise_type: Literal["normal", "ornstein-uhlenbeck"] = option(
+        "normal", "exploration noise: normal (independent per step) or ornstein-uhlenbeck (SB3's OU process per "
+                  "env, theta 0.15, dt 0.01, reset where an episode starts; rl-zoo's noise_type)")
     actor_lr: float | None = option(None, "actor learning rate (None: same as lr)", gt=0)
     learning_starts: int = option(10_000, "env steps collected before the first update", ge=0)
+
+
+OU_THETA, OU_DT = 0.15, 1e-2  # SB3's OrnsteinUhlenbeckActionNoise defaults, which rl-zoo uses
+
+
+def ornstein_uhlenbeck_step(x: torch.Tensor, sigma: float, normal: torch.Tensor, theta: float = OU_THETA,
+                            dt: float = OU_DT) -> torch.Tensor:
+    """One step of the Ornstein-Uhlenbeck process around 0 (SB3's, Euler-Maruyama):
+    ``x + theta (0 - x) dt + sigma sqrt(dt) normal``, ``normal`` a unit-normal draw of ``x``'s shape."""
+    return x + theta * (0.0 - x) * dt + sigma * math.sqrt(dt) * normal
 
 
 class DelayedActor:
@@ -73,6 +96,9 @@ class TD3(DelayedActor, ActorCriticOffPolicy):
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
         self.actor_opt = self._optimizer(self.actor.parameters(), cfg.actor_lr or cfg.lr)
         self.critic_opt = self._optimizer(self.critics.parameters(), cfg.lr)
+        # the OU process's state per env column (None: Gaussian noise, nothing carried between steps)
+        self.ou_noise = torch.zeros(num_envs, self.actor.box.dim, device=device) \
+            if cfg.exploration_noise_type == "ornstein-uhlenbeck" else None
 
     def make_actor(self) -> torch.nn.Module:
         cfg = self.cfg
@@ -82,12 +108,44 @@ class TD3(DelayedActor, ActorCriticOffPolicy):
         box = self.actor.box
         if self.env_steps < self.cfg.learning_starts:  # uniform warm-up, as in the paper
             unit = torch.rand(obs.shape[0], box.dim, generator=self.rng["noise"], device=self.device) * 2 - 1
+            if self.ou_noise is not None:
+                self.ou_step()  # the process runs through the warm-up, as SB3's does
         else:
             unit = self.actor(self.actor.enc(obs))
-            noise = torch.randn(unit.shape, generator=self.rng["noise"], device=self.device)
-            unit = (unit + self.cfg.exploration_noise * noise).clamp(-1.0, 1.0)
+            if self.ou_noise is None:
+                noise = self.cfg.exploration_noise * torch.randn(unit.shape, generator=self.rng["noise"],
+                                                                 device=self.device)
+            else:
+                noise = self.ou_step()
+            unit = (unit + noise).clamp(-1.0, 1.0)
         env_action = box.to_env(unit)
         return env_action, Action(env_action)
+
+    def ou_step(self) -> torch.Tensor:
+        """Advance each env's Ornstein-Uhlenbeck noise one step; returns it ``[N, A]``."""
+        normal = torch.randn(self.ou_noise.shape, generator=self.rng["noise"], device=self.device)
+        self.ou_noise = ornstein_uhlenbeck_step(self.ou_noise, self.cfg.exploration_noise, normal)
+        return self.ou_noise
+
+    def episodes_ended(self, ended: torch.Tensor) -> None:
+        """The OU noise restarts from 0 in the columns whose episode ended (SB3 resets it at a done)."""
+        if self.ou_noise is not None:
+            self.ou_noise = self.ou_noise.masked_fill(ended.to(self.device, torch.bool).reshape(-1, 1), 0.0)
+
+    def column_state(self) -> dict[str, torch.Tensor]:
+        """The OU noise follows each env column's episodes (a collector keeps it in its resume state)."""
+        return {"ou_noise": self.ou_noise.clone()} if self.ou_noise is not None else {}
+
+    def extra_state(self):
+        state = super().extra_state()
+        if self.ou_noise is not None:
+            state["ou_noise"] = self.ou_noise.clone()
+        return state
+
+    def load_extra_state(self, state):
+        super().load_extra_state(state)
+        if self.ou_noise is not None and "ou_noise" in state:
+            self.ou_noise = state["ou_noise"].to(self.device).clone()
 
     def draw_noise(self, batch_size):
         if self.cfg.target_noise <= 0:

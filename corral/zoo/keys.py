@@ -115,14 +115,19 @@ def _use_rms_prop(value: Any, ctx: Context) -> Pairs:
 
 
 def _noise_type(value: Any, ctx: Context) -> Pairs:
-    """exploration_noise = noise_std (Gaussian noise on actions scaled to [-1, 1], as SB3 adds it)"""
+    """exploration_noise = noise_std (on actions scaled to [-1, 1], as SB3 adds it); 'ornstein-uhlenbeck': also
+    exploration_noise_type: ornstein-uhlenbeck (SB3's OU process, theta 0.15, dt 0.01; td3, ddpg)"""
     if not ctx.has("exploration_noise"):
         raise Refused(f"{ctx.algo} in corral takes no action noise")
-    if "normal" not in str(value) or "ornstein" in str(value):
-        raise Refused(f"noise_type {value!r}: corral's {ctx.algo} explores with Gaussian noise only (noise_type: normal)")
     std = ctx.entry.get("noise_std")
     if not isinstance(std, (int, float)) or isinstance(std, bool):
-        raise Refused(f"noise_type normal needs a number noise_std, got {std!r}")
+        raise Refused(f"noise_type {value!r} needs a number noise_std, got {std!r}")
+    if "ornstein-uhlenbeck" in str(value):
+        field = ctx.field("exploration_noise_type", f"{ctx.algo} in corral explores with Gaussian noise only "
+                                                    "(noise_type: normal)")
+        return [(ctx.field("exploration_noise"), float(std)), (field, "ornstein-uhlenbeck")]
+    if "normal" not in str(value):
+        raise Refused(f"noise_type {value!r}: corral's {ctx.algo} takes normal or ornstein-uhlenbeck")
     return [(ctx.field("exploration_noise"), float(std))]
 
 
@@ -134,7 +139,7 @@ def _noise_std(value: Any, ctx: Context) -> Pairs:
 
 
 def _use_sde(value: Any, ctx: Context) -> Pairs:
-    """use_sde (gSDE: sac, tqc, ppo, a2c); none when false"""
+    """use_sde (gSDE: sac, tqc, ppo, a2c, trpo); none when false"""
     if not value:
         return []
     return [(sde_field("use_sde", ctx), True)]
