@@ -13,7 +13,7 @@ import torch
 from corral.errors import UserError
 from corral.problems import mimo
 from corral.problems.base import InfeasibleSolution
-from corral.problems.mimo_policy import train_policy
+from corral.problems.mimo_policy import BeamPolicy, train_policy
 from corral.solve import add_solve_parser
 
 
@@ -147,6 +147,74 @@ def test_one_pass_policy_on_a_tiny_budget_beats_random_beams():
     assert info["steps"] == 60 and bool(mimo.feasible(W, P).all())
     random = mimo.sum_rate(H, mimo.random_beams((50, 4, 4), P, torch.Generator().manual_seed(0)))
     assert float(mimo.sum_rate(H, W).mean()) > float(random.mean()) + 4.0
+
+
+def _policy(n, k, P, unroll=3, seed=0):
+    """An untrained policy with every learned part moved off its start (so a test sees them all)."""
+    torch.manual_seed(seed)
+    policy = BeamPolicy(n, k, P, hidden=32, unroll=unroll)
+    with torch.no_grad():
+        policy.head.weight.normal_(0.0, 0.1)
+        policy.theta.normal_(0.0, 0.5)
+        policy.beta.uniform_(0.5, 1.8)
+    return policy.eval()
+
+
+@pytest.mark.parametrize("n,k", [(4, 4), (6, 3)])
+def test_an_unrolled_layer_at_theta_0_beta_1_is_one_closed_form_wmmse_step(n, k):
+    H = mimo.rayleigh(n, k, 3, count=4)
+    P, noise = mimo.power_of(15), 1.0
+    policy = _policy(n, k, P)
+    gram = H @ H.mH
+    X = torch.randn(4, k, k, dtype=torch.complex128, generator=torch.Generator().manual_seed(1))
+    W = H.mH @ X
+    # the same step in the antenna space, from WMMSE's own receive step: receivers u, weights w = 1/e,
+    # A = sum_j w_j |u_j|^2 h_j h_j^H + mu I with mu = noise sum_j w_j |u_j|^2 / P, beams A^-1 h_k u_k w_k
+    u, _, w = mimo.wmmse_receivers(H, W, noise)
+    a = u.abs().square() * w
+    A = (H.mH * a.unsqueeze(-2)) @ H + (noise * a.sum(-1) / P)[:, None, None] * torch.eye(n, dtype=H.dtype)
+    expect = mimo.repair(torch.linalg.solve(A, H.mH * (u * w).unsqueeze(-2)), P / (1 - 1e-12))
+    zero, one = torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)
+    got = H.mH @ policy.layer(gram, X, zero, one)
+    assert torch.allclose(got, expect, rtol=1e-9, atol=1e-9)
+    # beta over-relaxes the step and theta scales mu: both change the beams, and the result meets the budget
+    other = H.mH @ policy.layer(gram, X, torch.tensor(0.5, dtype=torch.float64), torch.tensor(1.5, dtype=torch.float64))
+    assert not torch.allclose(other, expect, atol=1e-3)
+    assert torch.allclose(mimo.power(other), torch.full((4,), P, dtype=torch.float64))
+
+
+def test_the_structure_in_the_users_space_is_the_optimal_beam_structure():
+    n, k = 5, 3
+    H = mimo.rayleigh(n, k, 7, count=3)
+    P = mimo.power_of(10)
+    policy = _policy(n, k, P)
+    gram = H @ H.mH
+    lam, p = policy.parameters_of(gram)
+    lam, p = lam.double(), p.double()
+    got = H.mH @ policy.structure(gram)
+    for b in range(3):  # w_k = sqrt(p_k) d_k / ||d_k||, d_k = (I + sum_j lambda_j h_j h_j^H)^-1 h_k (noise 1)
+        T = torch.eye(n, dtype=H.dtype) + (H[b].mH * lam[b].to(H.dtype)) @ H[b]
+        D = torch.linalg.solve(T, H[b].mH)
+        expect = D / torch.linalg.vector_norm(D, dim=0) * p[b].sqrt()
+        assert torch.allclose(got[b], expect, rtol=1e-6, atol=1e-6)  # lambda, p are float32
+    assert torch.allclose(mimo.power(got), torch.full((3,), P, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("n,k,snr", [(4, 4, 20), (8, 5, 10)])
+def test_the_one_channel_path_gives_the_batched_forwards_beams(n, k, snr):
+    P = mimo.power_of(snr)
+    policy = _policy(n, k, P, unroll=4, seed=n)
+    H = mimo.rayleigh(n, k, 0, count=6)
+    batched = policy.act(H)
+    single = torch.cat([policy.act(H[i: i + 1]) for i in range(6)])  # the numpy path (float64)
+    assert single.dtype == torch.complex128 and bool(mimo.feasible(single, P).all())
+    assert torch.allclose(single, batched, rtol=1e-3, atol=1e-3 * math.sqrt(P))  # float32 against float64
+    assert torch.allclose(mimo.sum_rate(H, single), mimo.sum_rate(H, batched), rtol=1e-4)
+    with torch.no_grad():
+        policy.beta.fill_(1.0)  # the exported weights follow a change once the policy is set to eval again
+    policy.train().eval()
+    assert not torch.allclose(policy.act(H[:1]), single[:1], atol=1e-3)
+    assert torch.allclose(policy.act(H[:1]), policy.act(H[:2])[:1], rtol=1e-3, atol=1e-3 * math.sqrt(P))
 
 
 def test_problem_check_recomputes_the_rate_and_refuses_an_over_budget_set():

@@ -15,7 +15,7 @@ def solve_mimo(problem: MimoProblem, seconds: float, method: str = "corral", see
                batch: int = 32, train_steps: int = 4000) -> Result:
     """One channel with ``method``: corral (WMMSE then :func:`ascend`, ``batch`` starts, stopped
     at ``seconds``), wmmse, zf, mmse, policy (a :mod:`~corral.problems.mimo_policy` policy
-    trained for ``train_steps`` steps or ``seconds``, then one forward pass)."""
+    trained for ``train_steps`` steps or ``seconds`` of CPU time, then one forward pass)."""
     t0 = time.perf_counter()
     H, P = problem.H.unsqueeze(0), problem.P
     info: dict = {}
