@@ -30,26 +30,7 @@ import subprocess
 import sys
 import time
 
-
-def held_out(act, norm, env_id: str, episodes: int) -> tuple[float, float]:
-    """Mean and std of the return of ``episodes`` episodes (env seeds 123 + i); ``act`` maps a
-    normalized observation batch (1, obs_dim) to an action batch, ``norm`` normalizes."""
-    import gymnasium as gym
-    import numpy as np
-
-    env = gym.make(env_id)
-    returns = []
-    for i in range(episodes):
-        obs, _ = env.reset(seed=123 + i)
-        done, total = False, 0.0
-        while not done:
-            a = act(norm(np.asarray(obs, dtype=np.float32)[None]))[0]
-            obs, r, term, trunc, _ = env.step(a)
-            total += float(r)
-            done = term or trunc
-        returns.append(total)
-    env.close()
-    return float(np.mean(returns)), float(np.std(returns))
+from bench_common import held_out
 
 
 def run_corral(env_id: str, seed: int, steps: int | None, episodes: int, num_envs: int = 8) -> dict:

@@ -97,3 +97,25 @@ def main(runners: dict[str, Callable[[int], dict]], peer: str, target: float, de
                  if name != peer else "")
         print(f"  {name:12s} {v['median_s']:6.2f} s  ({v['reached']}, {v['median_steps']:.0f}, "
               f"{v['median_us_per_step']:.1f}){ratio}")
+
+
+def held_out(act: Callable, norm: Callable, env_id: str, episodes: int) -> tuple[float, float]:
+    """Mean and std of the return of ``episodes`` Gymnasium episodes (env seeds 123 + i):
+    ``act`` maps a normalized observation batch ``(1, obs_dim)`` to an action batch, ``norm``
+    normalizes a raw one (the same episodes for every library a script compares)."""
+    import gymnasium as gym
+    import numpy as np
+
+    env = gym.make(env_id)
+    returns = []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=123 + i)
+        done, total = False, 0.0
+        while not done:
+            a = act(norm(np.asarray(obs, dtype=np.float32)[None]))[0]
+            obs, r, term, trunc, _ = env.step(a)
+            total += float(r)
+            done = term or trunc
+        returns.append(total)
+    env.close()
+    return float(np.mean(returns)), float(np.std(returns))

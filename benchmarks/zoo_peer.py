@@ -10,6 +10,7 @@ per run; CPU seconds of the training process.
 
     pip install 'corral[bench,zoo]'
     python benchmarks/zoo_peer.py a2c LunarLander-v3 --seeds 0 1 2 --json benchmarks/data/zoo_peer_a2c_ll.json
+    python benchmarks/zoo_peer.py sac Pendulum-v1 --seeds 0 --steps 2000 --episodes 2   # a check that it runs
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench_common import held_out
 
-def train(algo: str, env_id: str, seed: int, folder: Path) -> tuple[Path, float]:
-    """rl-zoo's own training run; the experiment folder and its CPU seconds."""
+
+def train(algo: str, env_id: str, seed: int, folder: Path, steps: int | None = None) -> tuple[Path, float]:
+    """rl-zoo's own training run (``steps``: its ``-n``, else the entry's budget); the experiment
+    folder and its CPU seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    budget = ["-n", str(steps)] if steps else []
     subprocess.run([sys.executable, "-m", "rl_zoo3.train", "--algo", algo, "--env", env_id, "--seed", str(seed),
-                    "-f", str(folder), "--eval-freq", "-1", "--verbose", "0", "--num-threads", "1"],
+                    "-f", str(folder), "--eval-freq", "-1", "--verbose", "0", "--num-threads", "1", *budget],
                    check=True, capture_output=True, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -38,7 +43,6 @@ def train(algo: str, env_id: str, seed: int, folder: Path) -> tuple[Path, float]
 
 def score(algo: str, env_id: str, run: Path, episodes: int) -> tuple[float, float]:
     import gymnasium as gym
-    import numpy as np
     from rl_zoo3 import ALGOS
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
@@ -48,19 +52,8 @@ def score(algo: str, env_id: str, run: Path, episodes: int) -> tuple[float, floa
     if stats.is_file():
         norm = VecNormalize.load(str(stats), DummyVecEnv([lambda: gym.make(env_id)]))
         norm.training = False
-    env = gym.make(env_id)
-    returns = []
-    for i in range(episodes):
-        obs, _ = env.reset(seed=123 + i)
-        done, total = False, 0.0
-        while not done:
-            x = np.asarray(obs)[None]
-            action = model.predict(norm.normalize_obs(x) if norm else x, deterministic=True)[0][0]
-            obs, r, term, trunc, _ = env.step(action)
-            total += float(r)
-            done = term or trunc
-        returns.append(total)
-    return float(np.mean(returns)), float(np.std(returns))
+    return held_out(lambda x: model.predict(x, deterministic=True)[0], norm.normalize_obs if norm else (lambda x: x),
+                    env_id, episodes)
 
 
 def main() -> None:
@@ -69,12 +62,13 @@ def main() -> None:
     p.add_argument("env")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--steps", type=int, default=None, help="budget (default: the entry's n_timesteps)")
     p.add_argument("--json", help="write the runs and their mean here")
     a = p.parse_args()
     rows = []
     for seed in a.seeds:
         with tempfile.TemporaryDirectory() as tmp:
-            run, cpu = train(a.algo, a.env, seed, Path(tmp))
+            run, cpu = train(a.algo, a.env, seed, Path(tmp), a.steps)
             mean, std = score(a.algo, a.env, run, a.episodes)
         rows.append({"lib": "rl-zoo (SB3)", "algo": a.algo, "env": a.env, "seed": seed, "return": mean, "std": std,
                      "cpu_s": round(cpu, 1)})
