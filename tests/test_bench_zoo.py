@@ -71,3 +71,15 @@ def test_the_report_shows_a_peer_figure_from_another_env_id_only_where_the_suite
     assert table_row({}).endswith("| - |")  # rl-zoo's figure is on LunarLander-v2: not a v3 result
     row = table_row({"LunarLander-v3": {"peer_env": "LunarLander-v2"}})
     assert "rl-zoo 155.751" in row and "on LunarLander-v2" in row
+
+
+def test_committed_zoo_results_read_without_rl_zoo3(monkeypatch):
+    """A results folder keeps the zoo cells' budgets (meta.json), so `corral report` and the results page
+    work where rl_zoo3 is not installed; reading the suite itself there is refused with the fix."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rl_zoo3" else real(name, *a))
+    res = report.collect(ROOT / "benchmarks" / "results" / "zoo")
+    budgets = {f"{a}/{e}": n for a, e, n, _ in res.suite.cells}
+    assert budgets["td3/LunarLanderContinuous-v3"] == 300000 and budgets["tqc/BipedalWalker-v3"] == 500000
+    with pytest.raises(UserError, match=r"corral\[zoo\]"):
+        parse_suite(yaml.safe_load((ROOT / "benchmarks" / "results" / "zoo" / "suite.yaml").read_text()))

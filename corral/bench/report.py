@@ -71,16 +71,20 @@ def collect(path: Path) -> Results:
         raise UserError(f"{str(path)!r} holds no suite.yaml: give a folder made by `corral bench --out` or by "
                         "`corral report --out`")
     text = suite_file.read_text()
-    suite = parse_suite(yaml.safe_load(text), source=str(suite_file))
     if (path / "runs.csv").is_file() and (path / "evals.csv").is_file() and not (path / "runs").is_dir():
+        meta = read_json(path / "meta.json", {})
+        suite = parse_suite(yaml.safe_load(text), source=str(suite_file), budgets=meta.get("budgets"))
         with open(path / "runs.csv", newline="") as f:
             runs = [_typed(r) for r in csv.DictReader(f)]
         with open(path / "evals.csv", newline="") as f:
             evals = [_typed(r) for r in csv.DictReader(f)]
-        return Results(suite, text, read_json(path / "meta.json", {}), runs, evals)
+        return Results(suite, text, meta, runs, evals)
     if not (path / "runs").is_dir():
         raise UserError(f"{str(path)!r} has neither runs/ (a suite's output) nor runs.csv and evals.csv (results)")
+    suite = parse_suite(yaml.safe_load(text), source=str(suite_file))
     meta = read_json(path / "bench.json", {})
+    if suite.zoo:  # rl-zoo's budgets, kept so that the results read without rl_zoo3
+        meta["budgets"] = {f"{a}/{e}": steps for a, e, steps, _ in suite.cells if f"{a}/{e}" in suite.zoo}
     runs, evals = [], []
     for d in sorted((path / "runs").iterdir()):
         spec = read_json(d / "spec.json")

@@ -157,8 +157,10 @@ def _check_keys(what: str, given: dict, allowed: set) -> None:
         raise UserError(f"{what}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
 
 
-def parse_suite(data: Any, source: str = "<suite>") -> Suite:
-    """Check a suite's mapping and resolve every cell's budget and overrides."""
+def parse_suite(data: Any, source: str = "<suite>", budgets: dict[str, int] | None = None) -> Suite:
+    """Check a suite's mapping and resolve every cell's budget and overrides. ``budgets`` ("algo/env" ->
+    steps) are the budgets a report recorded: a zoo cell found there is not looked up in rl_zoo3 again,
+    so results are read on a machine without it."""
     from corral.algos import ALGOS
     from corral.train.setup import load_preset
 
@@ -196,7 +198,7 @@ def parse_suite(data: Any, source: str = "<suite>") -> Suite:
                 cell = overrides.get(key, {})
                 _check_keys(f"suite {source!r}: cells.{key}", cell, CELL_KEYS)
                 steps = (cell.get("steps") or block.get("steps") or envs.get(env, {}).get("steps")
-                         or (_zoo_steps(algo, env, zoo_mode) if zoo_mode else
+                         or (((budgets or {}).get(key) or _zoo_steps(algo, env, zoo_mode)) if zoo_mode else
                              load_preset(algo, env, base=ALGOS[algo].cls.name).get("steps")))
                 if not steps:
                     raise UserError(f"{where}: cell {key} has no budget: give 'steps' in the block, in "
