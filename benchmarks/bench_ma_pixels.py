@@ -144,16 +144,17 @@ def learn(a) -> None:
     import yaml
 
     sets = {k: yaml.safe_load(v) for k, v in sets.items()}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     agent = corral.train(a.algo, a.env, steps=a.steps, seed=a.seed, save_run=False,
                          **{"progress": False, "tensorboard": False, "eval.episodes": 0, **sets})
-    seconds = time.perf_counter() - t0
-    res = corral.evaluate(agent, episodes=a.episodes, seed=10_000 + a.seed)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    res = corral.evaluate(agent, episodes=a.episodes, seed=10_000 + a.seed, deterministic=True)
     kwargs = dict(agent.cfg.env.kwargs)
     rnd = random_team_return(a.env, tuple(agent.cfg.env.opponents), a.episodes, 10_000 + a.seed, kwargs,
                              num_envs=min(8, a.episodes))
     print("RESULT " + json.dumps({"algo": a.algo, "env": a.env, "steps": agent.summary["env_steps"], "seed": a.seed,
                                   "sets": sets, "train_seconds": round(seconds, 1),
+                                  "train_cpu_seconds": round(cpu, 1),
                                   "mean_return": res["mean_return"], "ci95": res.get("ci95_return"),
                                   "std": res.get("std_return"),
                                   "random_team": rnd, "gain": res["mean_return"] - rnd,
