@@ -11,9 +11,12 @@ with a planted optimum of N, mis / vc only); mimo takes a channel
 beams go to ``--out``). The best value is printed with the best value over time; the solution is written to ``--out`` (default ``<instance>.cut.txt`` for maxcut,
 ``<instance>.<problem>.txt`` otherwise; ``--out -`` writes none): line i holds 0 or 1 for node i
 (maxcut: its side; mis / vc: whether it is in the set). With ``--json`` the last line of stdout is
-one JSON record (maxcut: ``{"cut", "seconds", "nodes", "edges"}``; mis / vc: problem, instance,
+one JSON record (maxcut: ``{"cut", "seconds", "nodes", "edges", "method", "time_to_best",
+"cpu_seconds"}``; mis / vc: problem, instance,
 method, value, optimum, seconds, time_to_best, history, nodes, edges). Methods: maxcut ppo
-(default), random, greedy, tabu, mcpg; mis / vc mcpg (default), arw, greedy, networkx, exact.
+(default), random, greedy, tabu, bls, mcpg; mis / vc mcpg (default), arw, greedy, networkx, exact.
+``--stop-at V`` ends the search once the best value reaches V (maxcut bls and mcpg, mis / vc
+mcpg and arw; mis / vc stop at a planted optimum anyway).
 
 ``cli.py`` registers the subcommand with :func:`add_solve_parser`.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from corral.errors import UserError
@@ -56,6 +60,9 @@ def _cmd_solve(args) -> int:
         raise UserError(f"--envs must be >= 1, got {args.envs}")
     if args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
+    stop = {} if args.stop_at is None else {"stop_at": args.stop_at}
+    if stop and (kind == "mimo" or method not in ("bls", "mcpg", "arw")):
+        raise UserError(f"--stop-at applies to the methods bls, mcpg and arw, not {kind} {method}")
     device = resolve_device(args.device)
     problem = load_problem(kind, args.graph, device)
     default_out = f"{problem.name}.cut.txt" if kind == "maxcut" else f"{problem.name}.{kind}.txt"
@@ -70,8 +77,10 @@ def _cmd_solve(args) -> int:
             print(f"[{rec['seconds']:7.1f}s] {rec['phase']:<7s} best {label} {rec['value']:g}", file=sys.stderr,
                   flush=True)
 
+    cpu0 = time.process_time()
     problem, result = solve(kind, problem, seconds=args.time_limit, method=method, seed=args.seed, device=device,
-                            batch=args.envs, progress=progress)
+                            batch=args.envs, progress=progress, **stop)
+    cpu_seconds = round(time.process_time() - cpu0, 3)
     if kind == "mimo":  # beams, not a 0/1 assignment (corral.problems.mimo)
         from corral.problems.mimo import write_beams
 
@@ -88,10 +97,12 @@ def _cmd_solve(args) -> int:
     if kind == "maxcut":
         if args.json:
             print(json.dumps({"cut": value, "seconds": result.seconds, "nodes": problem.graph.n,
-                              "edges": problem.graph.m}))
+                              "edges": problem.graph.m, "method": method, "time_to_best": result.time_to_best,
+                              "cpu_seconds": cpu_seconds}))
         else:
             print(f"best cut {value} on {problem.name} ({problem.graph.n} nodes, {problem.graph.m} edges) "
-                  f"in {result.seconds:.1f}s with {method}{where.replace('solution', 'assignment')}")
+                  f"in {result.seconds:.1f}s ({cpu_seconds:.1f} CPU-s) with {method}, first reached at "
+                  f"{result.time_to_best}s{where.replace('solution', 'assignment')}")
         return 0
     if args.json:
         print(json.dumps({**result.record(), **problem.describe()}))
@@ -120,9 +131,12 @@ def add_solve_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     s.add_argument("--method", default=None,
-                   help="maxcut: ppo (learned flip policy, default), random, greedy, tabu, mcpg; "
+                   help="maxcut: ppo (learned flip policy, default), random, greedy, tabu, bls (breakout local "
+                        "search), mcpg; "
                         "mis / vc: mcpg (policy-gradient sampler + local search, default), arw ((1,2)-swap "
                         "iterated local search), greedy (min degree), networkx (maximal set), exact (MILP)")
+    s.add_argument("--stop-at", type=float, default=None,
+                   help="stop once the best value reaches this (maxcut bls / mcpg, mis / vc mcpg / arw)")
     s.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     s.add_argument("--out", help="solution file, one 0/1 per node and line (default <instance>.cut.txt for "
                                  "maxcut, <instance>.<problem>.txt otherwise; '-': none)")

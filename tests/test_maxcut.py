@@ -289,7 +289,7 @@ def test_cli_json_last_line_and_assignment_file(tmp_path, capsys):
     assert code == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     record = json.loads(last)
-    assert set(record) == {"cut", "seconds", "nodes", "edges"}
+    assert set(record) == {"cut", "seconds", "nodes", "edges", "method", "time_to_best", "cpu_seconds"}
     assert (record["nodes"], record["edges"]) == (40, g.m)
     sides = read_assignment(out)
     assert sides.shape == (40,) and record["cut"] == cut_value(g, sides).item()

@@ -11,6 +11,8 @@
   best positive-gain node until none is left, restart).
 * ``"tabu"``: a hand-written reference, batched tabu search (best non-tabu flip, tenure n/10,
   aspiration), to show how the learned policy compares with a classic heuristic.
+* ``"bls"``: breakout local search (:mod:`corral.problems.maxcut_bls`), the strongest of them on
+  Gset; it stops early at ``stop_at``.
 
 In every method the env keeps the best cut any env has been in, and the best assignment is
 finally polished by the same steepest-ascent local search.
@@ -32,7 +34,7 @@ from corral.problems.base import InfeasibleSolution, Problem
 from corral.problems.graphs import Graph
 from corral.problems.maxcut import FEATURES, MaxCutEnv, cut_value
 
-METHODS = ("ppo", "random", "greedy", "tabu")
+METHODS = ("ppo", "random", "greedy", "tabu", "bls")
 
 
 class NodePolicy(nn.Module):
@@ -172,6 +174,7 @@ def solve_maxcut(
     progress: Callable[[dict], None] | None = None,
     ppo: dict | None = None,
     reduce: bool = True,
+    stop_at: float | None = None,
 ) -> dict:
     """Search for a maximum cut of ``graph`` for about ``time_limit`` seconds.
 
@@ -189,7 +192,8 @@ def solve_maxcut(
     PPO policy or uniformly at random. The policy trains during the first ``train_fraction``
     of the time: half of that on episodes from random assignments, then on the search's own.
     ``"greedy"`` repeats steepest ascent from fresh random assignments; ``"tabu"`` runs the
-    hand-written tabu search. The best assignment is finally polished by steepest ascent.
+    hand-written tabu search, ``"bls"`` breakout local search (stopping once the cut reaches
+    ``stop_at``, if given). The best assignment is finally polished by steepest ascent.
 
     Returns ``{"cut", "assignment" (int8 0/1 [n], on CPU), "seconds", "nodes", "edges",
     "method", "flips", "train_seconds", "history": [(seconds, best cut)], "policy"}``
@@ -199,7 +203,7 @@ def solve_maxcut(
     _check_settings(method, time_limit, num_envs, restart)
     settings = dict(num_envs=num_envs, seed=seed, device=device, method=method, train_fraction=train_fraction,
                     perturb=perturb, episode_length=episode_length, hidden=hidden, reward=reward, restart=restart,
-                    ppo=ppo)
+                    ppo=ppo, stop_at=stop_at)
     if not reduce:
         return _search_graph(graph, time_limit, progress=progress, **settings)
     return _solve_reduced(graph, time_limit, progress, settings)
@@ -221,7 +225,9 @@ def _solve_reduced(graph: Graph, time_limit: float, progress, settings: dict) ->
                 progress({**rec, "cut": rec["cut"] + const, "seconds": round(rec["seconds"] + red.seconds, 3)})
 
         remaining = max(1e-3, time_limit - (time.perf_counter() - t0))
-        r = _search_graph(red.reduced, remaining, progress=shifted if progress is not None else None, **settings)
+        stop_at = settings["stop_at"] - const if settings["stop_at"] is not None else None
+        r = _search_graph(red.reduced, remaining, progress=shifted if progress is not None else None,
+                          **{**settings, "stop_at": stop_at})
     assignment = red.lift(r["assignment"])
     cut = float(cut_value(graph.to("cpu"), assignment))
     if abs(cut - (r["cut"] + const)) > 1e-6 * max(1.0, abs(cut)):
@@ -237,7 +243,7 @@ def _solve_reduced(graph: Graph, time_limit: float, progress, settings: dict) ->
 
 def _search_graph(graph: Graph, time_limit: float, num_envs: int, seed: int, device, method: str,
                   train_fraction: float, perturb: float, episode_length: int | None, hidden: int, reward: str,
-                  restart: str, progress, ppo: dict | None) -> dict:
+                  restart: str, progress, ppo: dict | None, stop_at: float | None = None) -> dict:
     """``solve_maxcut``'s search on ``graph`` itself (no reductions)."""
     device = torch.device(device)
     t0 = time.perf_counter()
@@ -261,6 +267,10 @@ def _search_graph(graph: Graph, time_limit: float, num_envs: int, seed: int, dev
             run.report("greedy")
     elif method == "tabu":
         run.flips += _tabu_search(env, deadline, gen, run.report)
+    elif method == "bls":
+        from corral.problems.maxcut_bls import breakout_search
+
+        run.flips += breakout_search(run, graph, deadline, seed, stop_at)
     else:
         if method == "ppo":
             actor, obs, updates, train_seconds = _train_node_policy(run, seed, hidden, ppo, t0 + train_fraction * time_limit,

@@ -25,7 +25,7 @@ PROBLEMS = {
     "mimo": "MIMO downlink beamforming (sum rate under a total power budget)",
 }
 METHODS = {
-    "maxcut": ("ppo", "random", "greedy", "tabu", "mcpg"),
+    "maxcut": ("ppo", "random", "greedy", "tabu", "bls", "mcpg"),
     "mis": ("mcpg", "arw", "greedy", "networkx", "exact"),
     "vc": ("mcpg", "arw", "greedy", "networkx", "exact"),
     "mimo": ("corral", "wmmse", "zf", "mmse", "policy"),
@@ -113,7 +113,7 @@ def solve(kind: str, instance: str | Problem, seconds: float = 30.0, method: str
 
 
 def _solve_maxcut(problem, seconds, method, seed, device, batch, progress, **options) -> Result:
-    """MaxCut's own solver (``solve_maxcut``: PPO, random, greedy, tabu) as a :class:`Result`."""
+    """MaxCut's own solver (``solve_maxcut``: PPO, random, greedy, tabu, bls) as a :class:`Result`."""
     from corral.problems.maxcut_solver import solve_maxcut
 
     def relay(rec: dict) -> None:
