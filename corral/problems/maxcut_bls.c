@@ -4,14 +4,16 @@
  *
  * State (owned by the caller, read and written here):
  *   s[n]        spins, +1 / -1
- *   gain[n]     the cut's change if node i flipped: s_i * sum_j w_ij s_j
- *   expiry[n]   the step until which node i is tabu
+ *   gain[n]     the cut's change if node i flipped: s_i * sum_j w_ij s_j (integer weights only)
+ *   expiry[n]   the step until which node i is tabu (steps count from 0 up to 2^30; the caller
+ *               shifts both down before that)
  *   best_s[n]   the best assignment of this search
  *   d[D_LEN]    cut, best cut, best cut at the last local optimum, previous local optimum's cut
  *               and fingerprint, the fingerprint now
  *   q[Q_LEN]    step, mode, perturbation moves left, jump magnitude L, omega
  * The graph is CSR: neighbours adj[ptr[i] .. ptr[i + 1]) with weights w (no repeated neighbour).
  */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -32,33 +34,33 @@ static inline double uniform(uint64_t *st) { return (double)(next_u64(st) >> 11)
 
 static inline int64_t below(uint64_t *st, int64_t k) { return (int64_t)(uniform(st) * (double)k); }
 
-static void flip(int64_t k, int8_t *s, double *gain, int64_t *expiry, double *d, const int64_t *ptr,
-                 const int32_t *adj, const double *w, const double *fkey, int64_t step, int64_t tlo,
-                 int64_t thi, uint64_t *rng) {
-    double sk = (double)s[k];
-    d[D_CUT] += gain[k];
-    d[D_FP] -= 2.0 * sk * fkey[k];
-    s[k] = (int8_t)(-s[k]);
+static void flip(int64_t k, int8_t *s, int32_t *gain, int32_t *expiry, double *d, const int64_t *ptr,
+                 const int32_t *adj, const int32_t *w, const double *fkey, int32_t step, int32_t tlo,
+                 int32_t thi, uint64_t *rng) {
+    int32_t sk = s[k];
+    d[D_CUT] += (double)gain[k];
+    d[D_FP] -= 2.0 * (double)sk * fkey[k];
+    s[k] = (int8_t)(-sk);
     gain[k] = -gain[k];
     for (int64_t e = ptr[k]; e < ptr[k + 1]; e++) {
         int64_t j = adj[e];
-        gain[j] -= 2.0 * w[e] * sk * (double)s[j];
+        gain[j] -= 2 * w[e] * sk * (int32_t)s[j];
     }
-    expiry[k] = step + tlo + below(rng, thi - tlo + 1);
+    expiry[k] = step + tlo + (int32_t)below(rng, thi - tlo + 1);
 }
 
 /* The best move of a search: the largest gain, and the largest gain among nodes that are not
- * tabu or that would beat the best cut (aspiration). Ties go to the first node met in a scan that
- * starts at a random node (one draw a step instead of one per tie). */
-static void best_moves(int64_t n, const double *gain, const int64_t *expiry, int64_t step, double aspire_above,
-                       uint64_t *rng, int64_t *k_all, double *g_all, int64_t *k_adm) {
-    double ga = -INFINITY, gm = -INFINITY;
+ * tabu or that would beat the best cut (aspiration: gain > aspire_above). Ties go to the first node
+ * met in a scan that starts at a random node (one draw a step instead of one per tie). */
+static void best_moves(int64_t n, const int32_t *gain, const int32_t *expiry, int32_t step, int32_t aspire_above,
+                       uint64_t *rng, int64_t *k_all, int32_t *g_all, int64_t *k_adm) {
+    int32_t ga = INT32_MIN, gm = INT32_MIN;
     int64_t ka = 0, km = -1;
     int64_t start = below(rng, n);
     for (int64_t part = 0; part < 2; part++) {
         int64_t lo = part ? 0 : start, hi = part ? start : n;
         for (int64_t i = lo; i < hi; i++) {
-            double g = gain[i];
+            int32_t g = gain[i];
             if (g > ga) { ga = g; ka = i; }
             if (g > gm && (expiry[i] <= step || g > aspire_above)) { gm = g; km = i; }
         }
@@ -89,18 +91,22 @@ static int local_optimum(double *d, int64_t *q, int64_t l0, int64_t lmax, int64_
 
 /* Run up to max_steps moves. Returns REACHED once the best cut reaches stop_at, BREAK_OUT when the
  * search stalled (the caller restarts it), RAN_OUT otherwise; *done: the moves made. */
-int64_t bls_run(int64_t n, const int64_t *ptr, const int32_t *adj, const double *w, const double *fkey,
-                int8_t *s, double *gain, int64_t *expiry, int8_t *best_s, double *d, int64_t *q,
+int64_t bls_run(int64_t n, const int64_t *ptr, const int32_t *adj, const int32_t *w, const double *fkey,
+                int8_t *s, int32_t *gain, int32_t *expiry, int8_t *best_s, double *d, int64_t *q,
                 const int64_t *ip, const double *dp, uint64_t *rng, int64_t max_steps, int64_t *done) {
-    const int64_t l0 = ip[0], lmax = ip[1], stall = ip[2], tlo = ip[3], thi = ip[4];
+    const int64_t l0 = ip[0], lmax = ip[1], stall = ip[2];
+    const int32_t tlo = (int32_t)ip[3], thi = (int32_t)ip[4];
     const double p0 = dp[0], thr = dp[1], stop_at = dp[2];
     int64_t status = RAN_OUT, t = 0;
     for (; t < max_steps; t++) {
-        int64_t step = q[Q_STEP];
+        int32_t step = (int32_t)q[Q_STEP];
         int64_t k_all, k_adm, k;
-        double g_all;
-        best_moves(n, gain, expiry, step, d[D_BEST] + thr - d[D_CUT], rng, &k_all, &g_all, &k_adm);
-        if (q[Q_MODE] == DESCENT && g_all <= thr && local_optimum(d, q, l0, lmax, stall, p0, rng)) {
+        int32_t g_all;
+        /* a gain above best - cut beats the best cut (integer gains; clamped into int32) */
+        double above = floor(d[D_BEST] - d[D_CUT] + thr);
+        int32_t aspire = above > 2e9 ? INT32_MAX : (above < -2e9 ? INT32_MIN : (int32_t)above);
+        best_moves(n, gain, expiry, step, aspire, rng, &k_all, &g_all, &k_adm);
+        if (q[Q_MODE] == DESCENT && g_all <= 0 && local_optimum(d, q, l0, lmax, stall, p0, rng)) {
             status = BREAK_OUT;
             break;
         }
@@ -110,7 +116,7 @@ int64_t bls_run(int64_t n, const int64_t *ptr, const int32_t *adj, const double 
         flip(k, s, gain, expiry, d, ptr, adj, w, fkey, step, tlo, thi, rng);
         q[Q_STEP] = step + 1;
         if (q[Q_MODE] != DESCENT && --q[Q_LEFT] <= 0) q[Q_MODE] = DESCENT;
-        if (d[D_CUT] > d[D_BEST]) {
+        if (d[D_CUT] > d[D_BEST] + thr) {
             d[D_BEST] = d[D_CUT];
             memcpy(best_s, s, (size_t)n);
             if (d[D_BEST] >= stop_at - thr) {

@@ -9,17 +9,24 @@ the paper's description. Every search (one row of the ``[N, n]`` state) alternat
   *directed* (the best non-tabu flip, even when it lowers the cut; a tabu flip is taken when it
   beats the search's best cut, the aspiration rule) or *random* (uniform random nodes).
 
-Every flipped node is tabu for a random number of steps drawn in ``[3, n / 10]`` (a fresh draw
-per flip). At each local optimum the search adapts:
+Every flipped node is tabu for a random number of steps (a fresh draw per flip) in ``[3, n / 10]``,
+the paper's range, in odd searches and in ``[n / 20, n / 10]`` in even ones. At each local optimum
+the search adapts:
 
 * the jump magnitude ``L`` grows by one when the search came back to the local optimum it just
-  left (same cut and same fingerprint), and returns to ``L0`` otherwise;
+  left (same cut and same fingerprint), and returns to ``L0 = n / 100`` otherwise;
 * ``omega`` counts the local optima since the search last improved its best cut; the directed
-  kind is chosen with probability ``max(exp(-omega / T), P0)``, so a search that stalls
-  perturbs more at random;
+  kind is chosen with probability ``max(exp(-omega / T), P0)`` (``P0 = 0.8``), so a search that
+  stalls perturbs more at random;
 * after ``T`` local optima without improvement the search breaks out: it restarts from the best
-  cut of all searches (the elite; every other search from its own best) and takes ``Lmax``
-  random flips.
+  cut of all searches (the elite; every other search from its own best) and takes
+  ``Lmax = n / 10`` random flips.
+
+Where this departs from the paper's settings, measured on Gset (``docs/problems/maxcut.md``): with
+the paper's ``T = 1000`` and tenure ``[3, n / 10]`` in every search, 8 searches left G14 at
+3053-3063 and G22 at 13323 after 13-30 CPU-seconds; with ``T = 10000`` G22 reached 13359 but G14
+stayed at 3058, which the longer tenure ``[n / 20, n / 10]`` took to 3064 (and G22 to 13358 only):
+hence half the searches with each range.
 
 Gains are kept incrementally: a flip updates the node and its neighbours only, so a step costs
 a few passes over ``[N, n]`` to choose the moves and ``O(N * max_degree)`` to make them.
@@ -71,17 +78,28 @@ def _neighbours(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return nbr, nbw
 
 
+def tenure_ranges(n: int, N: int, tenure: tuple[int, int] | None) -> np.ndarray:
+    """Each search's tabu tenure range ``[N, 2]`` (see the module's docstring)."""
+    if tenure is not None:
+        lo, hi = int(tenure[0]), int(tenure[1])
+        return np.tile([lo, max(lo, hi)], (N, 1)).astype(np.int64)
+    hi = max(4, n // 10)
+    lo = np.where(np.arange(N) % 2 == 1, 3, min(hi, max(3, n // 20)))
+    return np.stack([lo, np.full(N, hi)], 1).astype(np.int64)
+
+
 class BreakoutSearch:
     """The state of ``N`` breakout local searches on one graph (see the module's docstring).
 
     ``l0``, ``lmax``: the jump magnitudes (default ``max(1, n / 100)`` and ``max(2, n / 10)``);
-    ``stall``: ``T``, local optima without improvement before a break-out (default 1000);
+    ``stall``: ``T``, local optima without improvement before a break-out (default 10000);
     ``p0``: the least probability of a directed perturbation (0.8); ``tenure``: the range of the
-    random tabu tenure (default ``(3, max(4, n / 10))``); ``start``: 0/1 or +-1 assignments
+    random tabu tenure, for all searches (default: ``(3, n / 10)`` in odd searches,
+    ``(n / 20, n / 10)`` in even ones); ``start``: 0/1 or +-1 assignments
     ``[N, n]`` or ``[n]`` to start from (default uniform random)."""
 
     def __init__(self, graph: Graph, num_envs: int = 8, seed: int = 0, l0: int | None = None,
-                 lmax: int | None = None, stall: int = 1000, p0: float = 0.8,
+                 lmax: int | None = None, stall: int = 10000, p0: float = 0.8,
                  tenure: tuple[int, int] | None = None, start: torch.Tensor | None = None):
         self.n, self.N = n, N = graph.n, int(num_envs)
         self.rng = np.random.default_rng(seed)
@@ -95,8 +113,7 @@ class BreakoutSearch:
         self.l0 = int(l0 or max(1, round(n / 100)))
         self.lmax = int(lmax or max(2, round(n / 10)))
         self.stall, self.p0 = int(stall), float(p0)
-        lo, hi = tenure or (3, max(4, n // 10))
-        self.tenure = (int(lo), int(max(lo, hi)))
+        self.tenure = tenure_ranges(n, N, tenure)
         self.offsets = np.arange(N) * n
         self.rows = np.arange(N)
         self.fkey = self.rng.random(n) + 0.5  # fingerprints of assignments
@@ -159,7 +176,7 @@ class BreakoutSearch:
         gain_flat[nb] += s_flat[nb] * self.nbw[k] * (-2.0 * sk)[:, None]
         self.cut += gk
         self.fp -= 2.0 * sk * self.fkey[k]
-        lo, hi = self.tenure
+        lo, hi = self.tenure[:, 0], self.tenure[:, 1]
         self.expiry.reshape(-1)[flat] = self.step_no + lo + (u * (hi - lo + 1)).astype(np.int32)
 
     # ------------------------------------------------------------------ one step
@@ -262,24 +279,23 @@ class BreakoutSearch:
 
 
 def make_search(graph: Graph, num_envs: int, seed: int = 0, **settings):
-    """The compiled engine (:mod:`corral.problems.maxcut_bls_kernel`) where a C compiler works,
-    else :class:`BreakoutSearch`; both take ``settings`` (``l0``, ``lmax``, ``stall``, ``p0``,
+    """The compiled engine (:mod:`corral.problems.maxcut_bls_kernel`) where a C compiler works and
+    the weights are integers (Gset's are), else :class:`BreakoutSearch`; both take ``settings`` (``l0``, ``lmax``, ``stall``, ``p0``,
     ``tenure``, ``start``)."""
-    from corral.problems.maxcut_bls_kernel import CompiledBreakoutSearch, load_kernel
+    from corral.problems.maxcut_bls_kernel import CompiledBreakoutSearch, integral_weights, load_kernel
 
-    if load_kernel() is not None:
+    if load_kernel() is not None and integral_weights(_neighbours(graph)[1]):
         return CompiledBreakoutSearch(graph, num_envs, seed=seed, **settings)
     return BreakoutSearch(graph, num_envs, seed=seed, **settings)
 
 
 def breakout_search(run, graph: Graph, deadline: float, seed: int, stop_at: float | None) -> int:
-    """``solve_maxcut``'s ``"bls"`` method on ``run`` (its ``_Search``: the env whose ``N``
-    assignments, already at local optima, are the start points, the history and the progress
-    report). Every rise of the best cut goes into the history when the engine reports it (the
+    """``solve_maxcut``'s ``"bls"`` method on ``run`` (its ``_Search``: the env, the history and
+    the progress report); the searches start from their own random assignments. Every rise of the best cut goes into the history when the engine reports it (the
     compiled engine after each turn of a search, a few ms); the best assignment goes back into
     the env for the final polish. Returns the moves made."""
     env = run.env
-    search = make_search(graph, run.N, seed=seed, start=env.s.cpu())
+    search = make_search(graph, run.N, seed=seed)
 
     def on_best(cut: float) -> None:
         if not run.history or cut > run.history[-1][1]:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from corral.problems.graphs import Graph
-from corral.problems.maxcut_bls import RANDOM, _neighbours
+from corral.problems.maxcut_bls import RANDOM, _neighbours, tenure_ranges
 
 SOURCE = Path(__file__).with_name("maxcut_bls.c")
 D_CUT, D_BEST, D_BEST_AT_LAST, D_PREV_CUT, D_PREV_FP, D_FP = range(6)
@@ -63,7 +63,7 @@ def _compile_and_load():
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
         os.close(fd)
         try:
-            subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-lm"],
+            subprocess.run([os.environ.get("CC", "cc"), "-O3", "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-lm"],
                            check=True, capture_output=True, timeout=120)
             os.replace(tmp, lib)  # atomic: a concurrent run sees the whole library or none
         finally:
@@ -76,6 +76,12 @@ def _compile_and_load():
     return fn
 
 
+def integral_weights(nbw: np.ndarray) -> bool:
+    """True when the kernel's integer gains hold the graph exactly (integer weights, sums far
+    from int32's range)."""
+    return bool(np.all(nbw == np.rint(nbw))) and float(np.abs(nbw).sum()) < 2**30
+
+
 def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
@@ -85,7 +91,7 @@ class CompiledBreakoutSearch:
     (``run``, ``best``, ``moves``) of :class:`~corral.problems.maxcut_bls.BreakoutSearch`."""
 
     def __init__(self, graph: Graph, num_envs: int = 8, seed: int = 0, l0: int | None = None,
-                 lmax: int | None = None, stall: int = 1000, p0: float = 0.8,
+                 lmax: int | None = None, stall: int = 10000, p0: float = 0.8,
                  tenure: tuple[int, int] | None = None, start: torch.Tensor | None = None, chunk: int = 20000):
         self.fn = load_kernel()
         if self.fn is None:
@@ -96,22 +102,25 @@ class CompiledBreakoutSearch:
         real = nbw != 0
         self.ptr = np.concatenate([[0], np.cumsum(real.sum(1))]).astype(np.int64)
         self.adj = nbr[real].astype(np.int32)
-        self.w = nbw[real].astype(np.float64)
+        if not integral_weights(nbw):
+            raise ValueError("the compiled breakout local search takes integer edge weights")
+        self.w = nbw[real].astype(np.int32)
         self.nbr, self.nbw = nbr, nbw  # padded, for exact recomputation
         self.total_w = float(self.w.sum()) / 2
         wabs = np.abs(self.w)
         self.thr = 1e-6 * (float(wabs.max()) if wabs.size else 1.0)
         self.l0 = int(l0 or max(1, round(n / 100)))
         self.lmax = int(lmax or max(2, round(n / 10)))
-        lo, hi = tenure or (3, max(4, n // 10))
-        self.ip = np.array([self.l0, self.lmax, int(stall), int(lo), int(max(lo, hi))], dtype=np.int64)
+        self.ip = np.zeros((N, 5), dtype=np.int64)  # per search: L0, Lmax, T, tenure range
+        self.ip[:, :3] = [self.l0, self.lmax, int(stall)]
+        self.ip[:, 3:] = tenure_ranges(n, N, tenure)
         self.p0 = float(p0)
         self.fkey = self.rng.random(n) + 0.5
         x = self.rng.random((N, n)) < 0.5 if start is None else \
             np.broadcast_to(torch.as_tensor(start).cpu().numpy() > 0, (N, n))
         self.s = np.where(x, 1, -1).astype(np.int8)
-        self.gain = np.zeros((N, n))
-        self.expiry = np.zeros((N, n), dtype=np.int64)
+        self.gain = np.zeros((N, n), dtype=np.int32)
+        self.expiry = np.zeros((N, n), dtype=np.int32)
         self.d = np.zeros((N, 6))
         self.q = np.zeros((N, 5), dtype=np.int64)
         self.q[:, Q_JUMP] = self.l0
@@ -128,8 +137,8 @@ class CompiledBreakoutSearch:
     def _recompute(self, i: int) -> None:
         """Search i's gains, cut and fingerprint from its spins (exact)."""
         s = self.s[i].astype(np.float64)
-        self.gain[i] = s * (s[self.nbr] * self.nbw).sum(-1)
-        self.d[i, D_CUT] = (self.total_w - self.gain[i].sum() / 2) / 2
+        self.gain[i] = np.rint(s * (s[self.nbr] * self.nbw).sum(-1)).astype(np.int32)
+        self.d[i, D_CUT] = (self.total_w - self.gain[i].sum(dtype=np.float64) / 2) / 2
         self.d[i, D_FP] = s @ self.fkey
 
     def _break_out(self, i: int) -> None:
@@ -142,10 +151,13 @@ class CompiledBreakoutSearch:
         self.d[i, D_PREV_CUT] = math.nan
 
     def _call(self, i: int, steps: int, stop_at: float) -> int:
+        if self.q[i, Q_STEP] > 2**30:  # the kernel counts steps in int32: shift them down
+            self.q[i, Q_STEP] -= 2**29
+            np.maximum(self.expiry[i] - 2**29, 0, out=self.expiry[i])
         dp = np.array([self.p0, self.thr, stop_at])
         status = self.fn(self.n, _ptr(self.ptr), _ptr(self.adj), _ptr(self.w), _ptr(self.fkey), _ptr(self.s[i]),
                          _ptr(self.gain[i]), _ptr(self.expiry[i]), _ptr(self.best_s[i]), _ptr(self.d[i]),
-                         _ptr(self.q[i]), _ptr(self.ip), _ptr(dp), _ptr(self.seeds[i:i + 1]), steps,
+                         _ptr(self.q[i]), _ptr(self.ip[i]), _ptr(dp), _ptr(self.seeds[i:i + 1]), steps,
                          _ptr(self._done))
         self.moves += int(self._done[0])
         return int(status)

@@ -257,7 +257,8 @@ def _search_graph(graph: Graph, time_limit: float, num_envs: int, seed: int, dev
     run = _Search(env, gen, t0, restart, flip_prob, progress)
     train_seconds = 0.0
 
-    run.random_starts()
+    if method != "bls":  # bls starts with its own descent from random assignments
+        run.random_starts()
     run.report("start", force=True)
     actor = None
     updates = 0
