@@ -131,9 +131,10 @@ def docs_example(a) -> None:
 
 
 def learn(a) -> None:
-    """Train ``algo`` on ``env`` at its preset (``--set`` on top), then the greedy policy's team
-    return over ``--episodes`` held-out episodes (seeds from 10,000 + seed) beside a random team's
-    under the same seeds (each agent uniform over its own actions)."""
+    """Train ``algo`` on ``env`` at its preset (``--set`` on top), then the greedy (mode-action)
+    policy's team return over ``--episodes`` held-out episodes (seeds from 10,000 + seed), the
+    sampled policy's on the same seeds, and a random team's under the same seeds (each agent
+    uniform over its own actions)."""
     import torch
 
     import corral
@@ -149,6 +150,7 @@ def learn(a) -> None:
                          **{"progress": False, "tensorboard": False, "eval.episodes": 0, **sets})
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     res = corral.evaluate(agent, episodes=a.episodes, seed=10_000 + a.seed, deterministic=True)
+    sampled = corral.evaluate(agent, episodes=a.episodes, seed=10_000 + a.seed, deterministic=False)
     kwargs = dict(agent.cfg.env.kwargs)
     rnd = random_team_return(a.env, tuple(agent.cfg.env.opponents), a.episodes, 10_000 + a.seed, kwargs,
                              num_envs=min(8, a.episodes))
@@ -157,6 +159,7 @@ def learn(a) -> None:
                                   "train_cpu_seconds": round(cpu, 1),
                                   "mean_return": res["mean_return"], "ci95": res.get("ci95_return"),
                                   "std": res.get("std_return"),
+                                  "sampled_return": sampled["mean_return"],
                                   "random_team": rnd, "gain": res["mean_return"] - rnd,
                                   "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}),
           flush=True)
