@@ -6,8 +6,9 @@ polish of the best assignment (see corral/problems/maxcut_solver.py); "ppo" spen
 quarter of its budget training the policy on the instance (its training episodes count
 towards the best cut), "random" replaces the policy's choice by a uniform random node in the
 same restart-and-perturb search, "greedy" repeats steepest ascent from fresh random
-assignments, "tabu" is the hand-written batched tabu search, "mcpg" the shared policy-gradient
-sampler of corral/problems/search.py. Every method runs on the graph left by the exact
+assignments, "tabu" is the hand-written batched tabu search, "bls" breakout local search
+(corral/problems/maxcut_bls.py; it and "mcpg" stop at the best known cut), "mcpg" the shared
+policy-gradient sampler of corral/problems/search.py. Every method runs on the graph left by the exact
 reductions (corral/problems/reduce.py: degree-0/1 peeling, degree-2 contraction; G70 drops
 to 2164 nodes) unless --no-reduce; the cut is the lifted assignment's cut on the original graph.
 Ratios are to the best known cuts; "known at" is when the best known cut was first reached.
@@ -15,6 +16,9 @@ Ratios are to the best known cuts; "known at" is when the best known cut was fir
     python benchmarks/bench_maxcut.py --graphs G14 G22 G70 --time-limit 120
     python benchmarks/bench_maxcut.py --graphs G14 --methods ppo --seeds 0 1 2
     python benchmarks/bench_maxcut.py --graphs G70 --methods tabu --time-limit 600
+    python benchmarks/bench_maxcut.py --graphs G14 G22 --methods bls --envs 8 --seeds 0 1 --time-limit 400
+
+"cpu" is the process's CPU seconds for the run (what a shared machine gave it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -65,6 +70,7 @@ def main():
         red = reduce_maxcut(graph)
         for method in args.methods:
             for seed in args.seeds:
+                cpu0 = time.process_time()
                 if method == "mcpg":
                     r = mcpg(MaxCutProblem(graph, reduce=not args.no_reduce), args.time_limit, seed=seed,
                              batch=args.envs, stop_at=known.get(name))
@@ -72,11 +78,13 @@ def main():
                          "train_seconds": 0.0}
                 else:
                     r = solve_maxcut(graph, time_limit=args.time_limit, num_envs=args.envs, seed=seed,
-                                     device=args.device, method=method, reduce=not args.no_reduce)
+                                     device=args.device, method=method, reduce=not args.no_reduce,
+                                     stop_at=known.get(name) if method == "bls" else None)
                 first = next((t for t, c in r["history"] if c >= r["cut"]), None)
                 at_known = next((t for t, c in r["history"] if name in known and c >= known[name]), None)
                 row = {"graph": name, "method": method, "seed": seed, "cut": r["cut"], "best_known": known.get(name),
                        "ratio": r["cut"] / known[name] if name in known else None, "seconds": r["seconds"],
+                       "cpu": round(time.process_time() - cpu0, 1),
                        "found_at": first, "known_at": at_known, "flips": r["flips"],
                        "train_seconds": r["train_seconds"],
                        "searched_nodes": graph.n if args.no_reduce else red.reduced.n,
@@ -85,8 +93,8 @@ def main():
                 print(json.dumps(row), flush=True)
 
     print("\n| graph | n | m | searched n / m | best known | method | cut | ratio | found at (s) | known at (s) "
-          "| flips (mcpg: samples) |")
-    print("| --- " * 11 + "|")
+          "| CPU-s | flips (mcpg: samples) |")
+    print("| --- " * 12 + "|")
     sizes = {}
     for row in rows:
         if row["graph"] not in sizes:
@@ -96,7 +104,8 @@ def main():
         ratio = f"{row['ratio']:.4f}" if row["ratio"] is not None else "-"
         print(f"| {row['graph']} | {n} | {m} | {row['searched_nodes']} / {row['searched_edges']} | "
               f"{row['best_known']:.0f} | {row['method']} (seed {row['seed']}) | {row['cut']:.0f} | {ratio} | "
-              f"{row['found_at']} | {row['known_at'] if row['known_at'] is not None else '-'} | {row['flips']:,} |")
+              f"{row['found_at']} | {row['known_at'] if row['known_at'] is not None else '-'} | {row['cpu']} | "
+              f"{row['flips']:,} |")
     if args.json:
         print(json.dumps(rows))
 

@@ -14,9 +14,9 @@ beams go to ``--out``). The best value is printed with the best value over time;
 one JSON record (maxcut: ``{"cut", "seconds", "nodes", "edges", "method", "time_to_best",
 "cpu_seconds"}``; mis / vc: problem, instance,
 method, value, optimum, seconds, time_to_best, history, nodes, edges). Methods: maxcut ppo
-(default), random, greedy, tabu, bls, mcpg; mis / vc mcpg (default), arw, greedy, networkx, exact.
-``--stop-at V`` ends the search once the best value reaches V (maxcut bls and mcpg, mis / vc
-mcpg and arw; mis / vc stop at a planted optimum anyway).
+(default), random, greedy, tabu, bls, mcpg; mis / vc mcpg (default), bls, arw, greedy, networkx,
+exact. ``--stop-at V`` ends the search once the best value reaches V (bls, mcpg and arw; mis / vc
+stop at a planted optimum anyway).
 
 ``cli.py`` registers the subcommand with :func:`add_solve_parser`.
 """
@@ -133,10 +133,11 @@ def add_solve_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--method", default=None,
                    help="maxcut: ppo (learned flip policy, default), random, greedy, tabu, bls (breakout local "
                         "search), mcpg; "
-                        "mis / vc: mcpg (policy-gradient sampler + local search, default), arw ((1,2)-swap "
+                        "mis / vc: mcpg (policy-gradient sampler + local search, default), bls (breakout local "
+                        "search on the equivalent MaxCut), arw ((1,2)-swap "
                         "iterated local search), greedy (min degree), networkx (maximal set), exact (MILP)")
     s.add_argument("--stop-at", type=float, default=None,
-                   help="stop once the best value reaches this (maxcut bls / mcpg, mis / vc mcpg / arw)")
+                   help="stop once the best value reaches this (methods bls, mcpg, arw)")
     s.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     s.add_argument("--out", help="solution file, one 0/1 per node and line (default <instance>.cut.txt for "
                                  "maxcut, <instance>.<problem>.txt otherwise; '-': none)")

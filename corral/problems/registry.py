@@ -26,8 +26,8 @@ PROBLEMS = {
 }
 METHODS = {
     "maxcut": ("ppo", "random", "greedy", "tabu", "bls", "mcpg"),
-    "mis": ("mcpg", "arw", "greedy", "networkx", "exact"),
-    "vc": ("mcpg", "arw", "greedy", "networkx", "exact"),
+    "mis": ("mcpg", "bls", "arw", "greedy", "networkx", "exact"),
+    "vc": ("mcpg", "bls", "arw", "greedy", "networkx", "exact"),
     "mimo": ("corral", "wmmse", "zf", "mmse", "policy"),
 }
 DEFAULT_METHOD = {"maxcut": "ppo", "mis": "mcpg", "vc": "mcpg", "mimo": "corral"}
@@ -100,7 +100,11 @@ def solve(kind: str, instance: str | Problem, seconds: float = 30.0, method: str
     else:
         from corral.problems import mis
 
-        if method == "arw":
+        if method == "bls":
+            from corral.problems.mis_bls import bls_mis
+
+            result = bls_mis(problem, seconds, seed=seed, batch=batch, progress=progress, **options)
+        elif method == "arw":
             result = mis.arw_ils(problem, seconds, seed=seed, **{"stop_at": problem.optimum, **options})
         elif method == "greedy":
             result = mis.greedy_min_degree(problem)
