@@ -79,9 +79,10 @@ def table(rows, args):
     print(f"\n{args.seconds:g} s per instance and method (exact: {args.exact_seconds:g} s), one torch thread\n")
     methods = [m for m in args.methods if any(r["method"] == m for r in rows)]
     print("| set | instances | optimum (mean) | " + " | ".join(methods) + " | " +
-          " | ".join(f"mcpg / {m}" for m in methods if m != "mcpg") + " | mcpg / optimum | reached the optimum (" +
+          " | ".join(f"mcpg / {m}" for m in methods if m != "mcpg" and "mcpg" in methods) +
+          f" | {'mcpg' if 'mcpg' in methods else methods[0]} / optimum | reached the optimum (" +
           ", ".join(m for m in methods if m != "exact") + ") |")
-    print("| --- " * (5 + 2 * len(methods)) + "|")
+    print("| --- " * (5 + len(methods) + (len(methods) - 1 if "mcpg" in methods else 0)) + "|")
     for name in dict.fromkeys(r["set"] for r in rows):
         sub = [r for r in rows if r["set"] == name]
         insts = list(dict.fromkeys(r["instance"] for r in sub))
