@@ -26,8 +26,8 @@ PROBLEMS = {
 }
 METHODS = {
     "maxcut": ("ppo", "random", "greedy", "tabu", "bls", "mcpg"),
-    "mis": ("mcpg", "bls", "arw", "greedy", "networkx", "exact"),
-    "vc": ("mcpg", "bls", "arw", "greedy", "networkx", "exact"),
+    "mis": ("mcpg", "arw", "bls", "greedy", "networkx", "exact"),
+    "vc": ("mcpg", "arw", "bls", "greedy", "networkx", "exact"),
     "mimo": ("corral", "wmmse", "zf", "mmse", "policy"),
 }
 DEFAULT_METHOD = {"maxcut": "ppo", "mis": "mcpg", "vc": "mcpg", "mimo": "corral"}
