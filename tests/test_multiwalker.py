@@ -142,3 +142,15 @@ def test_mappo_on_multiwalker_runs_past_several_episode_ends():
     agent = corral.train("mappo", "pettingzoo:sisl.multiwalker_v9", steps=2048, seed=0, save_run=False,
                          **{"env.num_envs": 2, "mappo.n_steps": 256, "eval.episodes": 2, **QUIET})
     assert agent.summary["episodes"] >= 5
+
+
+def test_multiwalker_has_its_own_mappo_preset():
+    """`corral train mappo pettingzoo:sisl.multiwalker_v9` (and ippo, which falls back to mappo's
+    sections) reads the multiwalker section, not MAPPO's MPE defaults."""
+    from corral.train.setup import build_config
+
+    for algo in ("mappo", "ippo"):
+        cfg = build_config(algo, "pettingzoo:sisl.multiwalker_v9")
+        a = cfg.algo_cfg
+        assert (cfg.steps, cfg.env.num_envs, a.n_steps, a.batch_size) == (100_000, 8, 64, 1024)
+        assert (a.log_std_init, a.lr, a.ent_coef, a.max_grad_norm) == (-1.0, 3e-4, 0.0, 0.5)
