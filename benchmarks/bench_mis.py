@@ -13,12 +13,15 @@ Methods: mcpg (corral), bls (corral: breakout local search on the equivalent Max
 corral/problems/mis_bls.py), arw (Andrade-Resende-Werneck iterated local search, plain Python),
 networkx (networkx's maximal_independent_set, redrawn for the same seconds, the largest kept),
 greedy (min-degree greedy, one pass), exact (HiGHS MILP via scipy with --exact-seconds; "proven"
-when HiGHS closes the gap). Each solution is checked against the instance. mcpg and arw stop
+when HiGHS closes the gap), cpsat (OR-Tools CP-SAT, the cpsat extra, --exact-seconds, one worker;
+"proven" when CP-SAT proves the optimum). Each solution is checked against the instance. mcpg and arw stop
 early when they reach a known (planted) optimum.
 
     python benchmarks/bench_mis.py --sets rb-small er-small --seconds 30
     python benchmarks/bench_mis.py --sets er-small --count 8 --seconds 10 --exact-seconds 0
     python benchmarks/bench_mis.py --sets rb-small --seconds 30 --exact-seconds 0 --methods bls mcpg arw
+    python benchmarks/bench_mis.py --sets rb-small --exact-seconds 120 --methods cpsat
+    python benchmarks/bench_mis.py --instances er:749:0.15:0 --exact-seconds 300 --methods cpsat
 
 Each row also has "cpu": the process's CPU seconds for that solve (what a shared machine gave it).
 """
@@ -44,9 +47,11 @@ SETS = {
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sets", nargs="+", default=["rb-small", "er-small"], choices=list(SETS))
+    p.add_argument("--instances", nargs="+", default=[], help="instance specs instead of --sets (set 'listed')")
     p.add_argument("--count", type=int, default=0, help="instances per set (default: the set's size)")
     p.add_argument("--seconds", type=float, default=30.0, help="per instance and method (mcpg, arw, networkx)")
-    p.add_argument("--exact-seconds", type=float, default=60.0, help="HiGHS time limit (0: no exact solver)")
+    p.add_argument("--exact-seconds", type=float, default=60.0,
+                   help="HiGHS / CP-SAT time limit (0: no exact solver)")
     p.add_argument("--methods", nargs="+", default=["mcpg", "arw", "networkx", "greedy", "exact"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--envs", type=int, default=32)
@@ -56,13 +61,15 @@ def main():
     from corral.problems.registry import load_problem, solve
 
     rows = []
-    for name in args.sets:
-        for spec in SETS[name](args.count):
+    sets = {"listed": args.instances} if args.instances else {name: SETS[name](args.count) for name in args.sets}
+    for name, specs in sets.items():
+        for spec in specs:
             problem = load_problem("mis", spec)
             for method in args.methods:
-                if method == "exact" and args.exact_seconds <= 0:
+                exact = method in ("exact", "cpsat")
+                if exact and args.exact_seconds <= 0:
                     continue
-                seconds = args.exact_seconds if method == "exact" else args.seconds
+                seconds = args.exact_seconds if exact else args.seconds
                 cpu0 = time.process_time()
                 _, r = solve("mis", problem, seconds=seconds, method=method, seed=args.seed,
                              batch=8 if method == "bls" else args.envs)
@@ -78,11 +85,11 @@ def main():
 def table(rows, args):
     print(f"\n{args.seconds:g} s per instance and method (exact: {args.exact_seconds:g} s), one torch thread\n")
     methods = [m for m in args.methods if any(r["method"] == m for r in rows)]
+    ref = methods[0]  # the ratios are the first method's (corral's, listed first) to the others'
     print("| set | instances | optimum (mean) | " + " | ".join(methods) + " | " +
-          " | ".join(f"mcpg / {m}" for m in methods if m != "mcpg" and "mcpg" in methods) +
-          f" | {'mcpg' if 'mcpg' in methods else methods[0]} / optimum | reached the optimum (" +
-          ", ".join(m for m in methods if m != "exact") + ") |")
-    print("| --- " * (5 + len(methods) + (len(methods) - 1 if "mcpg" in methods else 0)) + "|")
+          " | ".join(f"{ref} / {m}" for m in methods[1:]) + f" | {ref} / optimum | reached the optimum (" +
+          ", ".join(m for m in methods if m not in ("exact", "cpsat")) + ") |")
+    print("| --- " * (4 + 2 * len(methods)) + "|")
     for name in dict.fromkeys(r["set"] for r in rows):
         sub = [r for r in rows if r["set"] == name]
         insts = list(dict.fromkeys(r["instance"] for r in sub))
@@ -92,29 +99,34 @@ def table(rows, args):
         opt = {}
         for i in insts:
             o = next((val[i, m]["optimum"] for m in methods if (i, m) in val), None)
-            if o is None and (i, "exact") in val and val[i, "exact"]["proven"]:
-                o = val[i, "exact"]["value"]
+            for ex in ("exact", "cpsat"):
+                if o is None and (i, ex) in val and val[i, ex]["proven"]:
+                    o = val[i, ex]["value"]
             if o is not None:
                 opt[i] = o
         cells = [f"{mean[m]:.2f}" for m in methods]
-        ratios = [f"{mean['mcpg'] / mean[m]:.4f}" for m in methods if m != "mcpg" and mean.get(m) and "mcpg" in mean]
+        ratios = [f"{mean[ref] / mean[m]:.4f}" if mean.get(m) else "-" for m in methods[1:]]
         if opt:
-            ref = "mcpg" if "mcpg" in methods else methods[0]
             r_opt = statistics.mean(val[i, ref]["value"] / opt[i] for i in opt)
-            hits = [sum(val[i, m]["value"] >= opt[i] for i in opt if (i, m) in val) for m in methods if m != "exact"]
+            hits = [sum(val[i, m]["value"] >= opt[i] for i in opt if (i, m) in val) for m in methods
+                    if m not in ("exact", "cpsat")]
             o_cell, r_cell = f"{statistics.mean(opt.values()):.2f} ({len(opt)} known)", f"{r_opt:.4f}"
             h_cell = ", ".join(f"{h} / {len(opt)}" for h in hits)
         else:
             o_cell = r_cell = h_cell = "-"
         print(f"| {name} | {len(insts)} | {o_cell} | " + " | ".join(cells) + " | " + " | ".join(ratios) +
               f" | {r_cell} | {h_cell} |")
-    if "exact" in methods:
+    for name in dict.fromkeys(r["set"] for r in rows):
+        cpu = {m: [r["cpu"] for r in rows if r["set"] == name and r["method"] == m] for m in methods}
+        print(f"\n{name}: CPU seconds per instance (mean, max): " +
+              ", ".join(f"{m} {statistics.mean(c):.2f}, {max(c):.2f}" for m, c in cpu.items() if c))
+    for method in ("exact", "cpsat"):
         for name in dict.fromkeys(r["set"] for r in rows):
-            ex = [r for r in rows if r["set"] == name and r["method"] == "exact"]
+            ex = [r for r in rows if r["set"] == name and r["method"] == method]
             bounds = [r["bound"] for r in ex if r["bound"] is not None]
             if ex and bounds:
-                print(f"\n{name}: exact proven on {sum(bool(r['proven']) for r in ex)} of {len(ex)}; "
-                      f"mean HiGHS upper bound {statistics.mean(bounds):.2f}")
+                print(f"\n{name}: {method} proven on {sum(bool(r['proven']) for r in ex)} of {len(ex)}; "
+                      f"mean upper bound {statistics.mean(bounds):.2f}")
 
 
 if __name__ == "__main__":

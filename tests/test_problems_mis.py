@@ -24,6 +24,7 @@ from corral.problems.mis import (
     load_graph,
     model_rb,
     networkx_maximal,
+    node_cliques,
     read_graph,
 )
 from corral.solve import add_solve_parser, read_assignment
@@ -80,6 +81,25 @@ def test_exact_solver_and_mcpg_agree_with_brute_force_on_random_graphs():
         best = brute_force_mis(g)
         assert exact_milp(IndependentSet(g), seconds=20).value == best
         assert mcpg(IndependentSet(g), seconds=3, seed=seed, stop_at=best).value == best
+
+
+def test_cpsat_proves_the_brute_force_optimum_for_mis_and_vc():
+    pytest.importorskip("ortools", reason="the cpsat method needs OR-Tools (the cpsat extra)")
+    for seed in range(2):
+        g = erdos_renyi_mis(12, 0.3, seed=seed)
+        best = brute_force_mis(g)
+        _, r = solve("mis", IndependentSet(g), seconds=10, method="cpsat")
+        assert r.value == best and r.info["proven"] and r.info["bound"] == best
+    _, c = solve("vc", "rb:6:3:0", seconds=10, method="cpsat")
+    assert c.value == 18 - 6 and c.info["proven"]
+
+
+def test_node_cliques_are_cliques_and_find_the_variable_cliques_of_model_rb():
+    p = load_graph_problem("rb:30:15:0")  # rb-small's first graph: 30 cliques of 15 bound the set by 30
+    adj = [set(a) for a in p.adjacency_lists()]
+    cliques = node_cliques(p)
+    assert all(b in adj[a] for c in cliques for a, b in itertools.combinations(c, 2))
+    assert all(list(range(15 * i, 15 * i + 15)) in cliques for i in range(30))
 
 
 def test_clique_cover_holds_every_edge_in_a_clique():

@@ -321,7 +321,9 @@ class IndependentSet(Problem):
 from corral.problems.mis_baselines import (  # noqa: E402, F401
     arw_ils,
     clique_cover,
+    exact_cpsat,
     exact_milp,
     greedy_min_degree,
     networkx_maximal,
+    node_cliques,
 )

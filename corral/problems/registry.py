@@ -26,8 +26,8 @@ PROBLEMS = {
 }
 METHODS = {
     "maxcut": ("ppo", "random", "greedy", "tabu", "bls", "mcpg"),
-    "mis": ("mcpg", "arw", "bls", "greedy", "networkx", "exact"),
-    "vc": ("mcpg", "arw", "bls", "greedy", "networkx", "exact"),
+    "mis": ("mcpg", "arw", "bls", "greedy", "networkx", "exact", "cpsat"),
+    "vc": ("mcpg", "arw", "bls", "greedy", "networkx", "exact", "cpsat"),
     "mimo": ("corral", "wmmse", "zf", "mmse", "policy"),
 }
 DEFAULT_METHOD = {"maxcut": "ppo", "mis": "mcpg", "vc": "mcpg", "mimo": "corral"}
@@ -110,6 +110,8 @@ def solve(kind: str, instance: str | Problem, seconds: float = 30.0, method: str
             result = mis.greedy_min_degree(problem)
         elif method == "networkx":
             result = mis.networkx_maximal(problem, seconds, seed=seed)
+        elif method == "cpsat":
+            result = mis.exact_cpsat(problem, seconds, seed=seed, **options)
         else:
             result = mis.exact_milp(problem, seconds)
     result.check(problem)
