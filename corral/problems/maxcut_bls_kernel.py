@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from corral.problems.bls_common import RANDOM, _neighbours, tenure_ranges
 from corral.problems.graphs import Graph
-from corral.problems.maxcut_bls import RANDOM, _neighbours, tenure_ranges
 
 SOURCE = Path(__file__).with_name("maxcut_bls.c")
 D_CUT, D_BEST, D_BEST_AT_LAST, D_PREV_CUT, D_PREV_FP, D_FP = range(6)
