@@ -16,7 +16,7 @@ Methods (each batched over the 100 channels; ms per channel = the batch's time /
   policy   the one-pass policy (corral.problems.mimo_policy): an MLP that outputs the optimal
            structure's (lambda, p) plus --unroll unrolled WMMSE layers (learned per-layer mu scale
            and over-relaxation), trained for --train-steps steps of --train-batch channels (or
-           --train-seconds of CPU time, whichever ends first) on fresh channels; time = inference
+           --train-seconds of CPU time if given, whichever ends first) on fresh channels; time = inference
            only (batched, and one channel at a time: each channel's best of 5 calls, averaged
            over 20 channels); training CPU and wall seconds reported apart
 
@@ -67,7 +67,7 @@ def run_setting(n: int, snr: float, args) -> dict:
     Wc, tc = timed(lambda: mimo.ascend(H, P, starts=args.starts, seed=args.seed + 1, init=Ww))
     record("corral", Wc, tw + tc, starts=args.starts, own_ms_per_channel=1e3 * tc / args.count)
     policy, info = train_policy(n, n, P, steps=args.train_steps, seconds=args.train_seconds, seed=args.seed,
-                                unroll=args.unroll, batch=args.train_batch)
+                                unroll=args.unroll, batch=args.train_batch, lr=args.lr, clip=args.clip)
     Wp, _ = timed(lambda: policy.act(H))
     speed = time_per_channel(policy, H)
     record("policy", Wp, speed["ms_batched"] * args.count / 1e3, ms_single=speed["ms_single"], **info)
@@ -99,8 +99,12 @@ def main():
     ap.add_argument("--starts", type=int, default=16, help="corral's starts per channel")
     ap.add_argument("--train-steps", type=int, default=2000)
     ap.add_argument("--train-batch", type=int, default=256)
-    ap.add_argument("--train-seconds", type=float, default=90.0, help="cap on the policy's training CPU seconds")
+    ap.add_argument("--train-seconds", type=float, default=None,
+                    help="cap on the policy's training CPU seconds (default none: the step count alone, so the "
+                         "training is the same on a busy core as on an idle one)")
     ap.add_argument("--unroll", type=int, default=6)
+    ap.add_argument("--lr", type=float, default=1e-3, help="the policy's Adam learning rate (cosine schedule)")
+    ap.add_argument("--clip", type=float, default=1.0, help="the policy's gradient-norm clip (0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write the JSON results here")
     args = ap.parse_args()

@@ -217,6 +217,21 @@ def test_the_one_channel_path_gives_the_batched_forwards_beams(n, k, snr):
     assert torch.allclose(policy.act(H[:1]), policy.act(H[:2])[:1], rtol=1e-3, atol=1e-3 * math.sqrt(P))
 
 
+def test_the_policy_reads_relative_phases_and_ignores_a_phase_on_any_users_channel():
+    P = mimo.power_of(20)
+    policy = _policy(5, 5, P, seed=2)
+    H = mimo.rayleigh(5, 5, 4, count=3)
+    turn = torch.exp(1j * torch.rand(3, 5, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(3)))
+    gram, turned = H @ H.mH, (turn * H) @ (turn * H).mH
+    assert torch.allclose(policy.features(gram), policy.features(turned), atol=1e-5)
+    assert torch.allclose(mimo.sum_rate(H, policy.act(H)), mimo.sum_rate(turn * H, policy.act(turn * H)), rtol=1e-4)
+    # the magnitudes alone are the same for a channel with user 2's relative phase flipped; the input is not
+    flipped = gram.clone()
+    flipped[:, 1, 2], flipped[:, 2, 1] = gram[:, 1, 2].conj(), gram[:, 2, 1].conj()
+    assert torch.allclose(flipped.abs(), gram.abs())
+    assert not torch.allclose(policy.features(flipped), policy.features(gram), atol=1e-3)
+
+
 def test_problem_check_recomputes_the_rate_and_refuses_an_over_budget_set():
     p = mimo.load_mimo("rayleigh:N=3,K=2,snr=10,seed=1")
     W = mimo.mmse(p.H, p.P)

@@ -52,8 +52,10 @@ def _solve(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
 
 def _mlp(f: dict, gram: np.ndarray) -> np.ndarray:
-    mag = np.abs(gram) / f["n"]
-    x = np.concatenate([mag.ravel(), np.log(mag.flat[f["diag"]] + 1e-6)])
+    g = gram[0]
+    ph = g / np.maximum(np.abs(g), 1e-12)
+    gauged = gram * ph[:, None] * ph.conj()[None, :] / f["n"]
+    x = np.concatenate([gauged.real.ravel(), gauged.imag.ravel(), np.log(gram.real.flat[f["diag"]] / f["n"] + 1e-6)])
     for op in f["body"]:
         if op[0] == "linear":
             x = x @ op[1] + op[2]

@@ -20,11 +20,15 @@ Everything runs in the users' space: by the push-through identity
 ``G = H W = Gm X``, ``||W||^2 = tr(X^H Gm X)``, the structure's ``X = (Gm + sigma^2 /
 lambda)^-1`` (columns then normalized) and a layer's ``X' = (Gm + e^theta mu / a)^-1 diag(T g /
 |g|^2)`` with ``a_k = w_k |u_k|^2``, ``T_k = sum_j |G_kj|^2 + sigma^2``, ``g_k = G_kk``: one
-``K x K`` solve per layer. The MLP reads the Gram matrix's magnitudes and the users' log
-gains (the structure's rates do not change with a phase on any user's row).
+``K x K`` solve per layer. The MLP reads the Gram matrix in a fixed phase gauge (each user's row
+turned so that row 0 is real: the rates do not change with a phase on any user's row, and
+neither does this input) and the users' log gains. Magnitudes alone would drop the relative
+phases between users, which decide how far their beams can be separated (at 8 users and 20 dB
+the policy gained 1.5 points of WMMSE's rate from them).
 
 Training draws fresh Rayleigh channels every step from its own seed (never the test seeds
-``0..count-1`` of :func:`corral.problems.mimo.rayleigh`), Adam with a cosine learning rate.
+``0..count-1`` of :func:`corral.problems.mimo.rayleigh`), Adam with a cosine learning rate and
+the gradient's norm clipped.
 :meth:`BeamPolicy.act` on one channel runs a path written for one channel (numpy and LAPACK's
 Cholesky, the weights exported once): at batch 1 the cost is per-operation overhead, which is
 several times lower there than in torch's dispatch.
@@ -56,7 +60,7 @@ class BeamPolicy(nn.Module):
                  unroll: int = 6):
         super().__init__()
         self.n, self.k, self.P, self.noise, self.unroll = int(n), int(k), float(P), float(noise), int(unroll)
-        width = [k * k + k] + [hidden] * layers
+        width = [2 * k * k + k] + [hidden] * layers
         mods: list[nn.Module] = []
         for a, b in zip(width[:-1], width[1:]):
             mods += [nn.Linear(a, b), nn.LayerNorm(b), nn.SiLU()]
@@ -69,9 +73,14 @@ class BeamPolicy(nn.Module):
         self._fast: dict | None = None
 
     def features(self, gram: torch.Tensor) -> torch.Tensor:
-        mag = gram.abs() / self.n
-        gain = torch.log(torch.diagonal(mag, dim1=-2, dim2=-1) + 1e-6)
-        return torch.cat([mag.flatten(1), gain], 1).to(self.head.weight.dtype)
+        """The Gram matrix in a fixed phase gauge (user ``j``'s row turned by ``e^{i arg Gm_0j}``,
+        so row 0 is real and a phase on any user's channel leaves every entry unchanged), its real
+        and imaginary parts, and the users' log gains."""
+        g = gram[:, 0, :]
+        ph = g / g.abs().clamp_min(1e-12)
+        gauged = gram * ph.unsqueeze(-1) * ph.conj().unsqueeze(-2) / self.n
+        gain = torch.log(torch.diagonal(gram.real, dim1=-2, dim2=-1) / self.n + 1e-6)
+        return torch.cat([gauged.real.flatten(1), gauged.imag.flatten(1), gain], 1).to(self.head.weight.dtype)
 
     def parameters_of(self, gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The structure's ``(lambda, p)`` for each channel, each ``[B, K]`` summing to ``P``."""
@@ -134,12 +143,15 @@ class BeamPolicy(nn.Module):
         return act_one(self._fast, H)
 
 
-def train_policy(n: int, k: int, P: float, steps: int = 3000, batch: int = 256, lr: float = 2e-3, seed: int = 0,
+def train_policy(n: int, k: int, P: float, steps: int = 3000, batch: int = 256, lr: float = 1e-3, seed: int = 0,
                  seconds: float | None = None, noise: float = 1.0, hidden: int = 256, layers: int = 2,
-                 unroll: int = 6, progress: Callable[[dict], None] | None = None) -> tuple[BeamPolicy, dict]:
+                 unroll: int = 6, clip: float | None = 1.0,
+                 progress: Callable[[dict], None] | None = None) -> tuple[BeamPolicy, dict]:
     """Train a :class:`BeamPolicy` for ``steps`` steps (or until ``seconds`` of this process's CPU
     time pass: with one torch thread that is the training's own time, whatever else loads the
-    machine) on fresh channels, maximizing the batch's mean sum rate; returns ``(policy, info)``
+    machine) on fresh channels, maximizing the batch's mean sum rate, each gradient clipped to
+    norm ``clip`` (without it, the 16-user 20 dB training climbed for 200 steps and then slid back
+    from 69.0 to 67.5 bits); returns ``(policy, info)``
     with the steps, CPU and wall seconds, the last 100 steps' mean training sum rate and the
     number of steps skipped for a non-finite loss."""
     torch.manual_seed(seed)
@@ -162,7 +174,8 @@ def train_policy(n: int, k: int, P: float, steps: int = 3000, batch: int = 256, 
         loss = -sum_rate(H, policy(H), noise).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if not all(bool(torch.isfinite(p.grad).all()) for p in policy.parameters() if p.grad is not None):
+        norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), clip if clip else math.inf)
+        if not bool(torch.isfinite(norm)):
             skipped += 1  # an ill-conditioned batch in float32: skip it rather than poison Adam
             continue
         opt.step()
