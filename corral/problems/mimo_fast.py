@@ -1,14 +1,18 @@
-"""The one-pass MIMO policy's forward pass for a single channel, in numpy (double precision).
+"""The one-pass MIMO policy's forward pass for a single channel, in numpy: the MLP in single
+precision (as in the batched torch path), the structure and the unrolled layers in double.
 
 At batch 1 a forward pass is some 200 tiny operations, and their cost is dispatch, not
 arithmetic: numpy's per-operation overhead, and LAPACK's Cholesky called directly through
 scipy's wrappers, are several times lower than torch's. :func:`export` copies a
-:class:`~corral.problems.mimo_policy.BeamPolicy`'s weights once; :func:`act_one` is
-``BeamPolicy.forward`` line for line (``tests/test_problems_mimo.py`` checks that they agree).
+:class:`~corral.problems.mimo_policy.BeamPolicy`'s weights once; :func:`act_one` computes what
+``BeamPolicy.forward`` does with fewer calls (each layer reuses the previous one's ``Gm X``, a
+power is one ``vdot``; ``tests/test_problems_mimo.py`` checks that the two agree).
 Without scipy it falls back to ``numpy.linalg.solve`` (slower, same result).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from torch import nn
@@ -20,23 +24,23 @@ except ImportError:  # pragma: no cover - exercised only without scipy
 
 
 def export(policy) -> dict:
-    """The weights and constants of a ``BeamPolicy``, as float64 numpy arrays."""
+    """The weights and constants of a ``BeamPolicy`` as numpy arrays (the MLP's in float32)."""
     body = []
     for mod in policy.body:
         if isinstance(mod, nn.Linear):
-            body.append(("linear", mod.weight.detach().double().numpy().T.copy(),
-                         mod.bias.detach().double().numpy().copy()))
+            body.append(("linear", mod.weight.detach().float().numpy().T.copy(),
+                         mod.bias.detach().float().numpy().copy()))
         elif isinstance(mod, nn.LayerNorm):
-            body.append(("norm", mod.weight.detach().double().numpy().copy(),
-                         mod.bias.detach().double().numpy().copy(), mod.eps))
+            body.append(("norm", mod.weight.detach().float().numpy().copy(),
+                         mod.bias.detach().float().numpy().copy(), mod.eps))
         elif isinstance(mod, nn.SiLU):
             body.append(("silu",))
         else:  # pragma: no cover - BeamPolicy builds only these
             raise TypeError(f"mimo_fast cannot export {type(mod).__name__}")
     k = policy.k
     return {"n": policy.n, "k": k, "P": policy.P, "noise": policy.noise, "body": body,
-            "head": (policy.head.weight.detach().double().numpy().T.copy(),
-                     policy.head.bias.detach().double().numpy().copy()),
+            "head": (policy.head.weight.detach().float().numpy().T.copy(),
+                     policy.head.bias.detach().float().numpy().copy()),
             "mu_scale": np.exp(policy.theta.detach().double().clamp(-3.0, 3.0).numpy()) * (policy.noise / policy.P),
             "beta": policy.beta.detach().double().numpy().copy(),
             "eye": np.eye(k, dtype=np.complex128), "diag": np.arange(k) * (k + 1)}
@@ -56,15 +60,16 @@ def _mlp(f: dict, gram: np.ndarray) -> np.ndarray:
     ph = g / np.maximum(np.abs(g), 1e-12)
     gauged = gram * ph[:, None] * ph.conj()[None, :] / f["n"]
     x = np.concatenate([gauged.real.ravel(), gauged.imag.ravel(), np.log(gram.real.flat[f["diag"]] / f["n"] + 1e-6)])
+    x = x.astype(np.float32)  # the MLP in single precision, as in the batched path
     for op in f["body"]:
         if op[0] == "linear":
             x = x @ op[1] + op[2]
-        elif op[0] == "norm":
-            x = x - x.mean()
-            x = x / np.sqrt((x * x).mean() + op[3]) * op[1] + op[2]
+        elif op[0] == "norm":  # sums and a dot product: fewer numpy calls than mean()
+            x = x - x.sum() / x.size
+            x = x * (op[1] / math.sqrt(float(x @ x) / x.size + op[3])) + op[2]
         else:
             x = x / (1.0 + np.exp(-x))
-    return x @ f["head"][0] + f["head"][1]
+    return (x @ f["head"][0] + f["head"][1]).astype(np.float64)
 
 
 def _softmax(z: np.ndarray, total: float) -> np.ndarray:
@@ -83,17 +88,19 @@ def act_one(f: dict, H: np.ndarray) -> np.ndarray:
     A = gram.copy()
     A.flat[diag] += noise / lam
     X = _solve(A, f["eye"])
-    norm2 = (X.conj() * (gram @ X)).real.sum(0)
-    X = X * np.sqrt(p / norm2)
+    GX = gram @ X
+    scale = np.sqrt(p / (X.conj() * GX).real.sum(0))
+    X, G = X * scale, GX * scale  # G = gram @ X, carried along so each layer does one product fewer
     for mu_scale, beta in zip(f["mu_scale"], f["beta"]):
-        G = gram @ X
         M = G.real * G.real + G.imag * G.imag
         T = M.sum(1) + noise
         S = np.maximum(M.flat[diag], 1e-12)
         a = S / (T * (T - S))
         A = gram.copy()
         A.flat[diag] += (mu_scale * a.sum()) / a
-        X = X + beta * (_solve(A, np.diag(G.flat[diag] * (T / S))) - X)
-        X = X * np.sqrt(P / (X.conj() * (gram @ X)).real.sum())
+        X = X + beta * (_solve(A, f["eye"]) * (G.flat[diag] * (T / S)) - X)  # A^-1 diag(v): columns scaled
+        GX = gram @ X
+        c = math.sqrt(P / np.vdot(X, GX).real)  # the power tr(X^H Gm X)
+        X, G = X * c, GX * c
     W = Hh @ X
-    return W * np.sqrt(P * (1 - 1e-12) / (W.real * W.real + W.imag * W.imag).sum())
+    return W * math.sqrt(P * (1 - 1e-12) / np.vdot(W, W).real)
