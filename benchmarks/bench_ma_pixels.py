@@ -21,8 +21,10 @@ fresh process; its peak resident memory (``ru_maxrss`` of the child) against the
     python benchmarks/bench_ma_pixels.py learn ippo pettingzoo:butterfly.cooperative_pong_v6 --steps 200000
     python benchmarks/bench_ma_pixels.py learn mappo pettingzoo:sisl.multiwalker_v9 --steps 100000
 
-``learn``: a run at the env's preset, then its greedy policy's team return on held-out
-episodes (seeds 10,000 + seed onwards) beside a random team's on the same seeds.
+``learn``: a run at the env's preset (``--set`` on top), then its greedy and its sampled
+policy's team returns on held-out episodes (seeds 10,000 + seed onwards) beside a random
+team's (episodes one after another in one env; again with its actions held for the run's frame
+skip, where it has one).
 
 Timings are of whatever machine runs it: state its load beside the figures.
 """
@@ -131,36 +133,56 @@ def docs_example(a) -> None:
 
 
 def learn(a) -> None:
-    """Train ``algo`` on ``env`` at its preset (``--set`` on top), then the greedy (mode-action)
-    policy's team return over ``--episodes`` held-out episodes (seeds from 10,000 + seed), the
-    sampled policy's on the same seeds, and a random team's under the same seeds (each agent
-    uniform over its own actions)."""
+    """Train ``algo`` on ``env`` at its preset (``--set`` on top), printing a line every
+    ``--log-every`` updates; then the greedy (mode-action) policy's team return over ``--episodes``
+    held-out episodes (seeds from 10,000 + seed), the sampled policy's on the same seeds, and a
+    random team's (each agent uniform over its own actions) over as many episodes played one
+    after another in one env: a vector env's first-finished episodes would favour short ones."""
     import torch
+    import yaml
 
     import corral
     from corral.envs.multiagent import random_team_return
+    from corral.train.learner import Learner
+    from corral.train.setup import build_config
 
     torch.set_num_threads(1)
-    sets = dict(kv.split("=", 1) for kv in a.set)
-    import yaml
-
-    sets = {k: yaml.safe_load(v) for k, v in sets.items()}
+    sets = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.set)}
     t0, c0 = time.perf_counter(), time.process_time()
-    agent = corral.train(a.algo, a.env, steps=a.steps, seed=a.seed, save_run=False,
-                         **{"progress": False, "tensorboard": False, "eval.episodes": 0, **sets})
+
+    class Log:  # a Learner hook: called after every update, closed at the end
+        def __call__(self, learner, stats):
+            if learner.updates % a.log_every == 0:
+                print(f"{learner.env_steps} steps {time.process_time() - c0:.0f} cpu-s last20 "
+                      f"{learner.last20_return:.2f} ent {stats.get('entropy', 0):.3f} "
+                      f"kl {stats.get('approx_kl', 0):.4f} ev {stats.get('explained_variance', 0):.2f}",
+                      file=sys.stderr, flush=True)
+
+        def close(self, learner):
+            pass
+
+    cfg = build_config(a.algo, a.env, steps=a.steps, seed=a.seed,
+                       overrides={"progress": False, "tensorboard": False, "eval.episodes": 0, **sets})
+    learner = Learner(cfg, None)
+    summary = learner.train(hooks=[Log()])
+    agent = corral.Agent(learner.algo, cfg, None, summary=summary)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     res = corral.evaluate(agent, episodes=a.episodes, seed=10_000 + a.seed, deterministic=True)
     sampled = corral.evaluate(agent, episodes=a.episodes, seed=10_000 + a.seed, deterministic=False)
-    kwargs = dict(agent.cfg.env.kwargs)
-    rnd = random_team_return(a.env, tuple(agent.cfg.env.opponents), a.episodes, 10_000 + a.seed, kwargs,
-                             num_envs=min(8, a.episodes))
-    print("RESULT " + json.dumps({"algo": a.algo, "env": a.env, "steps": agent.summary["env_steps"], "seed": a.seed,
+    rnd = random_team_return(a.env, tuple(cfg.env.opponents), a.episodes, 10_000 + a.seed, dict(cfg.env.kwargs),
+                             num_envs=1)
+    skip = (cfg.env.pixels or {}).get("skip", 1)  # the random team again, its actions held as the policy's are
+    rnd_skip = random_team_return(a.env, tuple(cfg.env.opponents), a.episodes, 10_000 + a.seed,
+                                  dict(cfg.env.kwargs), num_envs=1, pixels=cfg.env.pixels) if skip > 1 else rnd
+    print("RESULT " + json.dumps({"algo": a.algo, "env": a.env, "steps": summary["env_steps"], "seed": a.seed,
                                   "sets": sets, "train_seconds": round(seconds, 1),
-                                  "train_cpu_seconds": round(cpu, 1),
+                                  "train_cpu_seconds": round(cpu, 1), "episodes": a.episodes,
                                   "mean_return": res["mean_return"], "ci95": res.get("ci95_return"),
-                                  "std": res.get("std_return"),
-                                  "sampled_return": sampled["mean_return"],
-                                  "random_team": rnd, "gain": res["mean_return"] - rnd,
+                                  "mean_length": res.get("mean_length"),
+                                  "sampled_return": sampled["mean_return"], "sampled_ci95": sampled.get("ci95_return"),
+                                  "random_team": rnd, "random_team_skip": rnd_skip,
+                                  "gain": res["mean_return"] - max(rnd, rnd_skip),
+                                  "sampled_gain": sampled["mean_return"] - max(rnd, rnd_skip),
                                   "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}),
           flush=True)
 
@@ -190,6 +212,7 @@ def main() -> None:
     le.add_argument("--seed", type=int, default=0)
     le.add_argument("--episodes", type=int, default=16)
     le.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    le.add_argument("--log-every", type=int, default=10, help="a progress line (stderr) every this many updates")
     o = sub.add_parser("one")
     for name in ("kind", "algo", "env"):
         o.add_argument(name)

@@ -264,6 +264,57 @@ def test_the_lean_parallel_conversion_steps_as_pettingzoos():
     assert ends >= 2
 
 
+def test_frame_skip_holds_each_action_sums_the_rewards_and_stops_where_an_agent_leaves():
+    """``env.pixels.skip``: a vector step is ``skip`` env steps of one joint action, the rewards
+    summed, the last step's frame stacked; it stops early at a step that ends an agent."""
+    env = make_multiagent_vec_env(PaintEnv, 1, pixels={**SMALL, "skip": 2})
+    L = env.layout
+    env.reset(seed=0)
+    act = torch.tensor([[0, 1, 2]])  # every agent's rewarded action
+    obs, rew, term, trunc, info = env.step(act)
+    assert (L.split(obs).obs.reshape(3, 2, 36, 36)[:, 1] == torch.tensor([grey(20 + j) for j in range(3)])
+            .view(3, 1, 1)).all()  # env step 2's frames
+    assert info["agents"].reward[0].tolist() == [2.0, 2.0, 2.0]
+    obs, rew, term, trunc, info = env.step(act)  # steps 3 (agent_2 leaves): stops there
+    assert info["agents"].reward[0].tolist() == [1.0, 1.0, 1.0] and info["agents"].terminated[0, 2]
+    assert (L.split(obs).obs.reshape(3, 2, 36, 36)[0, 1] == grey(30)).all()
+    with pytest.raises(UserError, match="env.pixels.skip"):
+        pixel_options({"skip": 0})
+    env.close()
+
+
+def test_the_lean_conversion_holds_an_action_for_as_many_steps_as_one_at_a_time():
+    """A lean PettingZoo conversion repeats inside its AEC cycle (observations built once); the
+    rewards, flags and observations are those of the same steps taken one at a time."""
+    from pettingzoo.butterfly import cooperative_pong_v6
+
+    from corral.envs.parallel import lean_parallel, repeated_step
+
+    one, held = (lean_parallel(cooperative_pong_v6.env(render_mode="rgb_array")) for _ in range(2))
+    one.reset(seed=5)
+    held.reset(seed=5)
+    ends = 0
+    for t in range(60):
+        acts = {a: (t + j) % 3 for j, a in enumerate(held.agents)}
+        total = dict.fromkeys(acts, 0.0)
+        for _ in range(3):
+            obs, rew, term, trunc, _ = one.step(acts)
+            for a in rew:
+                total[a] += rew[a]
+            if any(term.values()) or any(trunc.values()):
+                break
+        obs2, rew2, term2, trunc2, _ = repeated_step(held, acts, 3)
+        assert rew2 == pytest.approx(total) and term2 == term and trunc2 == trunc
+        assert obs.keys() == obs2.keys() and all(np.array_equal(obs[a], obs2[a]) for a in obs)
+        if not held.agents:
+            ends += 1
+            one.reset(seed=t)
+            held.reset(seed=t)
+    assert ends >= 1
+    one.close()
+    held.close()
+
+
 def test_cooperative_pong_draws_its_screen_only_with_a_render_mode():
     """PettingZoo's cooperative_pong draws in render(), a no-op without a render mode: black frames,
     which corral warns about; with render_mode=rgb_array (its preset) the ball and paddles show."""

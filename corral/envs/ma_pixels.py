@@ -16,7 +16,9 @@ state part (``state_dim`` 0: IPPO only). The layout's ``frame`` is the per-agent
 Options (``env.pixels``, a dict): ``size`` (default 84; at least 36, the Nature CNN's
 smallest side), ``grey`` (default true), ``stack`` (default 4), ``state_size`` (default 0:
 half of ``size``, at least 36; MAPPO's centralized value reads the whole scene, where a
-coarser picture does, at a ninth of the CNN's cost at 84). A packed step of pistonball (20
+coarser picture does, at a ninth of the CNN's cost at 84), ``skip`` (default 1: frame skip,
+each joint action held for ``skip`` env steps with the rewards summed, stopping early where an
+agent's episode ends; a vector step is then ``skip`` frames, as an Atari env's is 4). A packed step of pistonball (20
 agents) at the defaults is 20 x 4 x 84 x 84 + 4 x 42 x 42 bytes = 0.57 MB, against
 20 x 457 x 120 x 3 + 560 x 880 x 3 float32 values (19 MB) before.
 """
@@ -51,6 +53,8 @@ class PixelOptions:
     """each observation stacks this many last frames (1: no stacking)"""
     state_size: int = 0
     """the env's image state is resized to state_size x state_size (0: half of size, at least 36)"""
+    skip: int = 1
+    """frame skip: each joint action is held for this many env steps, the rewards summed (Atari's 4)"""
 
     @property
     def state_side(self) -> int:
@@ -75,6 +79,8 @@ def pixel_options(value: Any) -> PixelOptions:
                         f"got {opts.state_size!r}")
     if not isinstance(opts.stack, int) or opts.stack < 1:
         raise UserError(f"env.pixels.stack must be an integer >= 1, got {opts.stack!r}")
+    if not isinstance(opts.skip, int) or opts.skip < 1:
+        raise UserError(f"env.pixels.skip must be an integer >= 1 (1: every frame), got {opts.skip!r}")
     return opts
 
 

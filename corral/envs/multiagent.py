@@ -81,7 +81,7 @@ from corral.envs.agent_layout import (  # noqa: F401 (re-exported)
 )
 from corral.envs.base import EnvError
 from corral.envs.host import tree_to_numpy, tree_to_torch
-from corral.envs.ma_pixels import FrameStacks, pixel_layout
+from corral.envs.ma_pixels import FrameStacks, pixel_layout, pixel_options
 from corral.envs.parallel import (  # noqa: F401
     EXTRA_HINT,
     ParallelFactory,
@@ -89,6 +89,7 @@ from corral.envs.parallel import (  # noqa: F401
     _obs_part,
     is_multiagent_spec,
     is_pettingzoo_env,
+    repeated_step,
 )
 from corral.errors import UserError
 
@@ -113,11 +114,13 @@ class MultiAgentVecEnv:
         self._agent_index = {a: j for j, a in enumerate(L.agents)}
         self._obs_parts = [_obs_part(self.envs[0].observation_space(a)) for a in L.agents]
         P = pixel_layout(self.envs[0], L, [p for p, _ in self._obs_parts], pixels, env_id)
+        self.skip = 1  # frame skip (env.pixels.skip): env steps a vector step holds each joint action
         self.frames = None  # image observations: stacks of preprocessed frames, packed as uint8
         self.dtype = np.float32
         if P is not None:
             self.layout = L = P
             self.frames, self.dtype = FrameStacks(L, num_envs, pixels), np.uint8
+            self.skip = pixel_options(pixels).skip
             box = gym.spaces.Box(0, 255, (L.size,), np.uint8)
         else:
             box = gym.spaces.Box(-np.inf, np.inf, (L.size,), np.float32)
@@ -299,7 +302,7 @@ class MultiAgentVecEnv:
         for i, env in enumerate(self.envs):
             acting = self.live[i]
             try:
-                o, r, te, tr, infos = env.step(self._joint(i, env, acts[i]))
+                o, r, te, tr, infos = repeated_step(env, self._joint(i, env, acts[i]), self.skip)
             except Exception as e:
                 raise EnvError(f"env {self.env_id!r} (index {i}) raised at vector step {self.steps}: "
                                f"{type(e).__name__}: {e}") from e
@@ -405,11 +408,12 @@ def make_multiagent_vec_env(spec: Any, num_envs: int, kwargs: dict | None = None
 
 
 def random_team_return(env_id: str, opponents: tuple[str, ...], episodes: int, seed: int,
-                       kwargs: dict | None = None, num_envs: int = 8) -> float:
+                       kwargs: dict | None = None, num_envs: int = 8, pixels: Any = None) -> float:
     """The baseline a trained side is measured against: the mean team return over ``episodes``
     episodes of ``env_id`` when the side's agents act uniformly at random too (each agent over
-    its own actions), against the random ``opponents``."""
-    venv = make_multiagent_vec_env(env_id, num_envs, kwargs, opponents=opponents)
+    its own actions), against the random ``opponents``; ``pixels``: a pixel env's options (its
+    frame skip holds each random action as the trained team's are held)."""
+    venv = make_multiagent_vec_env(env_id, num_envs, kwargs, opponents=opponents, pixels=pixels)
     g = torch.Generator().manual_seed(seed)
     L = venv.layout
     returns: list[float] = []

@@ -149,16 +149,23 @@ def lean_parallel(aec_env: Any) -> Any:
     from pettingzoo.utils.conversions import aec_to_parallel_wrapper
 
     class LeanAECToParallel(aec_to_parallel_wrapper):
-        def step(self, actions):
+        repeats_actions = True  # step(actions, repeat) holds the joint action (repeated_step)
+
+        def step(self, actions, repeat: int = 1):
+            """One parallel step; ``repeat`` > 1: the joint action held for that many cycles (rewards
+            summed, stopping at a cycle that ends an agent), the observations built once at the end."""
             env = self.aec_env
             rewards: dict = defaultdict(int)
-            for agent in env.agents:
-                if agent != env.agent_selection:
-                    raise AssertionError(f"expected agent {agent} got agent {env.agent_selection}: the parallel "
-                                         "conversion expects agents to step in a cycle")
-                env.step(actions[agent])
-                for a in env.agents:
-                    rewards[a] += env.rewards[a]
+            for _ in range(repeat):
+                for agent in env.agents:
+                    if agent != env.agent_selection:
+                        raise AssertionError(f"expected agent {agent} got agent {env.agent_selection}: the parallel "
+                                             "conversion expects agents to step in a cycle")
+                    env.step(actions[agent])
+                    for a in env.agents:
+                        rewards[a] += env.rewards[a]
+                if not env.agents or any(env.terminations.values()) or any(env.truncations.values()):
+                    break
             terminations, truncations, infos = dict(**env.terminations), dict(**env.truncations), dict(**env.infos)
             observations = {a: env.observe(a) for a in env.agents}
             while env.agents and (env.terminations[env.agent_selection] or env.truncations[env.agent_selection]):
@@ -167,6 +174,25 @@ def lean_parallel(aec_env: Any) -> Any:
             return observations, rewards, terminations, truncations, infos
 
     return LeanAECToParallel(aec_env)
+
+
+def repeated_step(env: Any, actions: dict, repeat: int) -> tuple:
+    """``env.step(actions)`` with the joint action held for ``repeat`` steps (frame skip): the
+    per-agent rewards summed, the last step's observations, flags and infos; it stops early at a
+    step that terminates or truncates an agent or changes who acts. A lean PettingZoo conversion
+    (``lean_parallel``) builds the observations of the last step only."""
+    if repeat == 1:
+        return env.step(actions)
+    if getattr(env, "repeats_actions", False):
+        return env.step(actions, repeat)
+    total: dict = defaultdict(float)
+    for _ in range(repeat):
+        obs, rewards, terms, truncs, infos = env.step(actions)
+        for a, r in rewards.items():
+            total[a] += r
+        if any(terms.values()) or any(truncs.values()) or set(env.agents) != set(actions):
+            break
+    return obs, dict(total), terms, truncs, infos
 
 
 # ---------------------------------------------------------------------------
