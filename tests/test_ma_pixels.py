@@ -224,7 +224,7 @@ def test_the_memory_estimate_counts_the_frames_and_a_run_that_would_not_fit_is_r
 
 
 def test_the_docs_pistonball_example_is_estimated_under_4_gb():
-    pytest.importorskip("pettingzoo.butterfly.pistonball_v6")  # pettingzoo[butterfly] (pymunk): not a test extra
+    pytest.importorskip("pettingzoo.butterfly.pistonball_v6")  # pymunk comes with the multiagent extra
     from corral.algos.mappo_pixels import check_pixel_run
     from corral.train.setup import build_config
 
