@@ -333,3 +333,18 @@ def trained_and_resumed(algo: str, env: str, sets: list[str], n: int, seed: int,
     assert main(["train", algo, env, "--steps", str(n), "--seed", str(seed), "--run-dir", str(run_dir), *args]) == 0
     assert main(["resume", str(run_dir), "--steps", str(2 * n)]) == 0
     return a, corral.load(run_dir / "checkpoints" / "latest.pt")
+
+
+def ppo_at_the_settings_of(algo: str, env: str) -> dict:
+    """``algo``'s preset for ``env`` as overrides for plain ``ppo``: the same envs and every option
+    PPO has (rollout, epochs, lr and its schedule, gammas, observation normalisation), without the
+    exploration bonus; for "does the bonus help" comparisons (ppo_rnd, ppo_icm)."""
+    from dataclasses import fields
+
+    from corral.algos.ppo import PPOConfig
+    from corral.train.setup import load_preset
+
+    preset = load_preset(algo, env)
+    ppo = {f.name for f in fields(PPOConfig)}
+    return {"env.num_envs": preset["env"]["num_envs"],
+            **{f"ppo.{k}": v for k, v in preset[algo].items() if k in ppo}}

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from envs_for_tests import trained_and_resumed
+from envs_for_tests import ppo_at_the_settings_of, trained_and_resumed
 
 import corral
 from corral.algos.base import Step
@@ -221,20 +221,6 @@ def test_ppo_icm_reaches_the_flag_on_mountaincar(tmp_path):
     assert corral.evaluate(agent, "MountainCar-v0", episodes=10, seed=123)["mean_return"] >= -190
 
 
-def ppo_at_ppo_icms_settings() -> dict:
-    """The ppo_icm MountainCar preset's PPO options (same envs, rollout, epochs, lr and its
-    schedule, gammas, observation normalisation), without the ICM."""
-    from dataclasses import fields
-
-    from corral.algos.ppo import PPOConfig
-    from corral.train.setup import load_preset
-
-    preset = load_preset("ppo_icm", "MountainCar-v0")
-    ppo = {f.name for f in fields(PPOConfig)}
-    return {"env.num_envs": preset["env"]["num_envs"],
-            **{f"ppo.{k}": v for k, v in preset["ppo_icm"].items() if k in ppo}}
-
-
 @pytest.mark.slow
 def test_the_ppo_icm_presets_final_policy_keeps_the_flag_and_beats_ppo_at_its_settings(tmp_path):
     """The final policy (not the best checkpoint) at the preset's 300k steps, seeds 0-2, held out:
@@ -249,6 +235,6 @@ def test_the_ppo_icm_presets_final_policy_keeps_the_flag_and_beats_ppo_at_its_se
         return corral.evaluate(agent, "MountainCar-v0", episodes=10, seed=123)["mean_return"]
 
     icm = [final("ppo_icm", s) for s in (0, 1, 2)]
-    ppo = [final("ppo", s, **ppo_at_ppo_icms_settings()) for s in (0, 1, 2)]
+    ppo = [final("ppo", s, **ppo_at_the_settings_of("ppo_icm", "MountainCar-v0")) for s in (0, 1, 2)]
     assert min(icm) >= -195, icm
     assert np.mean(icm) > np.mean(ppo) + 10, (icm, ppo)

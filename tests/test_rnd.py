@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from envs_for_tests import ppo_at_the_settings_of
 
 import corral
 from corral.algos.base import Step
@@ -423,26 +424,13 @@ def best_eval_agent(algo, tmp_path, steps, seed=0, **overrides):
     return corral.load(tmp_path / algo)
 
 
-def ppo_at_ppo_rnds_settings() -> dict:
-    """The ppo_rnd MountainCar preset's PPO options (same envs, rollout, epochs, lr, gammas)."""
-    from dataclasses import fields
-
-    from corral.algos.ppo import PPOConfig
-    from corral.train.setup import load_preset
-
-    preset = load_preset("ppo_rnd", "MountainCar-v0")
-    ppo = {f.name for f in fields(PPOConfig)}
-    return {"env.num_envs": preset["env"]["num_envs"],
-            **{f"ppo.{k}": v for k, v in preset["ppo_rnd"].items() if k in ppo}}
-
-
 def test_ppo_rnd_reaches_the_flag_on_mountaincar_within_30k_steps_where_ppo_at_its_settings_does_not(tmp_path):
     # seed 0: ppo_rnd's best periodic evaluation reaches the flag from 6k steps on (held-out -177.0);
     # the same PPO without RND first does at 49k (docs/ledger.md)
     rnd = best_eval_agent("ppo_rnd", tmp_path, 30_000)
     result = corral.evaluate(rnd, "MountainCar-v0", episodes=10, seed=123)
     assert result["mean_return"] >= -190, result
-    ppo = best_eval_agent("ppo", tmp_path, 30_000, **ppo_at_ppo_rnds_settings())
+    ppo = best_eval_agent("ppo", tmp_path, 30_000, **ppo_at_the_settings_of("ppo_rnd", "MountainCar-v0"))
     assert ppo.cfg.algo_cfg.gamma == 0.999 and ppo.cfg.env.num_envs == 32
     assert corral.evaluate(ppo, "MountainCar-v0", episodes=10, seed=123)["mean_return"] == -200
 
