@@ -167,6 +167,8 @@ def learn(a) -> None:
     summary = learner.train(hooks=[Log()])
     agent = corral.Agent(learner.algo, cfg, None, summary=summary)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if a.save:
+        agent.save(a.save)
     res = corral.evaluate(agent, episodes=a.episodes, seed=10_000 + a.seed, deterministic=True)
     sampled = corral.evaluate(agent, episodes=a.episodes, seed=10_000 + a.seed, deterministic=False)
     rnd = random_team_return(a.env, tuple(cfg.env.opponents), a.episodes, 10_000 + a.seed, dict(cfg.env.kwargs),
@@ -213,6 +215,7 @@ def main() -> None:
     le.add_argument("--episodes", type=int, default=16)
     le.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     le.add_argument("--log-every", type=int, default=10, help="a progress line (stderr) every this many updates")
+    le.add_argument("--save", default="", help="save the trained agent here (corral.load reads it)")
     o = sub.add_parser("one")
     for name in ("kind", "algo", "env"):
         o.add_argument(name)
