@@ -223,21 +223,6 @@ def test_the_memory_estimate_counts_the_frames_and_a_run_that_would_not_fit_is_r
     assert f"32 steps x 4 envs x {L.size / 1e6:.2f} MB a packed step" in msg
 
 
-def test_the_docs_pistonball_example_is_estimated_under_4_gb():
-    pytest.importorskip("pettingzoo.butterfly.pistonball_v6")  # pymunk comes with the multiagent extra
-    from corral.algos.mappo_pixels import check_pixel_run
-    from corral.train.setup import build_config
-
-    cfg = build_config("mappo", "pettingzoo:butterfly.pistonball_v6")
-    assert cfg.env.pixels == {"size": 84, "grey": True, "stack": 4}
-    env = make_multiagent_vec_env("pettingzoo:butterfly.pistonball_v6", 1, pixels=cfg.env.pixels)
-    L = env.layout
-    assert L.n_agents == 20 and L.frame == (4, 84, 84) and L.state_frame == (4, 42, 42) and not L.discrete
-    parts = check_pixel_run("mappo", cfg.algo_cfg, L, cfg.env.num_envs, "actor", torch.device("cpu"))
-    assert sum(parts.values()) < 2e9  # leaves room for torch, the envs and the process (measured: docs)
-    env.close()
-
-
 def test_the_lean_parallel_conversion_steps_as_pettingzoos():
     """corral builds ``pettingzoo:`` AEC envs with :func:`lean_parallel` (PettingZoo's conversion
     without the observations its ``last()`` builds and drops): the same observations, rewards and
