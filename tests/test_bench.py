@@ -298,6 +298,54 @@ def test_the_report_gives_each_cell_the_iqm_of_its_seeds_and_reads_its_own_csv_b
     assert report.markdown(back, reps=200) == report.markdown(res, reps=200)
 
 
+def _drop_run(folder: Path, algo: str, seed: int, final: float | None = None) -> None:
+    """Edit a results folder as if ``algo``'s run of ``seed`` had not started there (or, with
+    ``final``, had finished with that return)."""
+    import csv
+
+    for name in ("runs.csv", "evals.csv"):
+        with open(folder / name, newline="") as f:
+            rows = list(csv.DictReader(f))
+        mine = [r for r in rows if r["algo"] == algo and r["seed"] == str(seed)]
+        if name == "evals.csv" and final is None:
+            rows = [r for r in rows if r not in mine]
+        for r in mine if name == "runs.csv" else []:
+            r.update(final_return=str(final)) if final is not None else r.update(
+                status="queued", env_steps="0", final_return="", cpu_s="", wall_s="")
+        with open(folder / name, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+
+def test_reports_of_one_suite_made_apart_merge_into_one(uninterrupted, tmp_path):
+    """Runs of one suite finished on two machines (or in two sessions, the first folder lost but
+    its results committed) publish as one report: each seed's furthest run, the later folder on a
+    tie, with its own evaluations; folders of different suites are refused."""
+    _, out = uninterrupted
+    a, b = tmp_path / "a", tmp_path / "b"
+    report.write_report(out, a, reps=50, figures=False)
+    report.write_report(out, b, reps=50, figures=False)
+    _drop_run(a, "ppo", 1)  # a finished ppo seed 0 only, b seed 1 only
+    _drop_run(b, "ppo", 0)
+    _drop_run(b, "dqn", 0, final=123.0)  # both finished dqn seed 0: b, the later folder, counts
+    assert [r["status"] for r in report.collect(a).runs if r["algo"] == "ppo"] == ["done", "queued"]
+    subprocess.run([*CLI, "report", str(a), str(b), "--out", str(a), "--no-figures", "--reps", "50"],
+                   check=True, capture_output=True, cwd=ROOT)
+    merged, whole = report.collect(a), report.collect(out)
+    finals = {(r["algo"], r["seed"]): r["final_return"] for r in merged.runs}
+    assert finals == {**{(r["algo"], r["seed"]): r["final_return"] for r in whole.runs}, ("dqn", 0): 123.0}
+    assert all(r["status"] == "done" for r in merged.runs)
+    assert [r for r in merged.evals if r["algo"] == "ppo"] == [r for r in whole.evals if r["algo"] == "ppo"]
+
+    other = tmp_path / "other"
+    (other / "runs").mkdir(parents=True)
+    (other / "suite.yaml").write_text(yaml.safe_dump({**TINY, "name": "tiny2"}))
+    with pytest.raises(UserError, match="different suites"):
+        report.write_report([a, other], tmp_path / "c")
+    assert not (tmp_path / "c").exists()  # refused before anything was written
+
+
 def test_the_published_results_page_is_what_the_report_writes():
     """docs/results.md is generated: from the committed results folders by `corral report
     benchmarks/results/* --page docs/results.md`."""

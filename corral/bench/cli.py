@@ -48,7 +48,9 @@ def add_parsers(sub, bench_fn, report_fn) -> None:
                     "a results folder holding evals.csv and runs.csv). --page writes a documentation page from "
                     "one or more results folders. docs/benchmarking.md")
     r.add_argument("paths", nargs="+", help="suite output folders (corral bench --out) or results folders")
-    r.add_argument("--out", help="where to write (default <path>/report); one path only")
+    r.add_argument("--out", help="where to write (default <path>/report); with several paths of one suite, "
+                   "their runs merged into one report (the furthest run of each cell and seed, the later path on a "
+                   "tie): e.g. a committed results folder and a new output folder, written back over the first")
     r.add_argument("--page", help="write one markdown page for all the paths (e.g. docs/results.md)")
     r.add_argument("--figures", help="with --page: folder for the figures (default: beside the page, img/results)")
     r.add_argument("--reps", type=int, default=2000, help="bootstrap resamples (default 2000)")
@@ -153,15 +155,17 @@ def _dry_run(args, suite, runs) -> int:
 def report(args) -> int:
     from corral.bench import report as R
 
-    if args.out and len(args.paths) > 1:
-        raise UserError("--out takes one path; give --page to combine several")
     if args.page:
         page = R.write_page([Path(p) for p in args.paths], Path(args.page),
                             Path(args.figures) if args.figures else None, reps=args.reps)
         print(page)
         return 0
-    for p in args.paths:
-        written = R.write_report(Path(p), Path(args.out) if args.out else None, reps=args.reps,
+    if args.out:  # one report from all the paths (one suite's folders, merged)
+        groups = [[Path(p) for p in args.paths]]
+    else:
+        groups = [[Path(p)] for p in args.paths]
+    for paths in groups:
+        written = R.write_report(paths, Path(args.out) if args.out else None, reps=args.reps,
                                  figures=not args.no_figures)
         print("\n".join(str(w) for w in written))
     return 0

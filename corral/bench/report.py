@@ -110,9 +110,45 @@ def collect(path: Path) -> Results:
                      "wall_s": result["train_seconds"] if result else last.get("wall_s"),
                      "code": (result or bench).get("code", {}).get("id"),
                      "code_changed": bool(bench.get("code_changes"))})
+    return Results(suite, text, meta, _in_order(suite, runs), _in_order(suite, evals))
+
+
+def _in_order(suite: Suite, rows: list[dict]) -> list[dict]:
+    """Rows in the suite's cell order, then by seed and step."""
     order = {cell: i for i, cell in enumerate(f"{a}/{e}" for a, e, _, _ in suite.cells)}
-    key = (lambda r: (order.get(f"{r['algo']}/{r['env']}", 1e9), r["seed"], r.get("step", 0)))
-    return Results(suite, text, meta, sorted(runs, key=key), sorted(evals, key=key))
+    return sorted(rows, key=lambda r: (order.get(f"{r['algo']}/{r['env']}", 1e9), r["seed"], r.get("step", 0)))
+
+
+RANK = {"done": 3, "partial": 2, "failed": 1, "refused": 1, "queued": 0}
+
+
+def merge(parts: list[Results]) -> Results:
+    """One suite's results from several folders (runs made on other machines or in other
+    sessions, a committed results folder and a new output folder): per (env, algo, seed) the
+    furthest run (done, then partial, then failed or refused, then queued), the later folder on a
+    tie; its evaluations come from the same folder. The suite and meta are the last folder's."""
+    names = {r.suite.name for r in parts}
+    if len(names) > 1:
+        raise UserError(f"cannot merge the results of different suites ({', '.join(sorted(names))}): give one "
+                        "suite's folders together, or --page to put several suites on one page")
+    if len(parts) == 1:
+        return parts[0]
+    chosen: dict[tuple, tuple[int, dict]] = {}
+    for i, part in enumerate(parts):
+        for r in part.runs:
+            run = (r["env"], r["algo"], r["seed"])
+            if run not in chosen or RANK[r["status"]] >= RANK[chosen[run][1]["status"]]:
+                chosen[run] = (i, r)
+    last = parts[-1]
+    cells = {(a, e) for a, e in last.cells()}
+    runs = [r for _, r in chosen.values() if (r["algo"], r["env"]) in cells]
+    evals = [e for i, part in enumerate(parts) for e in part.evals
+             if chosen.get((e["env"], e["algo"], e["seed"]), (None,))[0] == i and (e["algo"], e["env"]) in cells]
+    meta = {**{k: v for part in parts for k, v in part.meta.items()}, **last.meta}
+    budgets = {k: v for part in parts for k, v in part.meta.get("budgets", {}).items()}
+    if budgets:
+        meta["budgets"] = budgets
+    return Results(last.suite, last.suite_text, meta, _in_order(last.suite, runs), _in_order(last.suite, evals))
 
 
 def _write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
@@ -332,15 +368,18 @@ def write_figures(res: Results, folder: Path, reps: int = 500) -> dict[str, Path
     return {t: folder / f for t, f in files.items()}
 
 
-def write_report(path: Path, out: Path | None = None, reps: int = 2000, figures: bool = True) -> list[Path]:
+def write_report(path: Path | list[Path], out: Path | None = None, reps: int = 2000,
+                 figures: bool = True) -> list[Path]:
     """evals.csv, runs.csv, suite.yaml, meta.json, report.md and the figures into ``out``
-    (default ``<path>/report``); ``out`` is then a results folder ``corral report`` reads again."""
-    res = collect(path)
-    out = Path(out) if out else Path(path) / "report"
+    (default ``<path>/report``); ``out`` is then a results folder ``corral report`` reads again.
+    Several folders of one suite are merged first (``merge``); ``out`` may be one of them."""
+    paths = [Path(p) for p in (path if isinstance(path, list) else [path])]
+    res = merge([collect(p) for p in paths])  # all read before anything is written
+    out = Path(out) if out else paths[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     _write_csv(out / "evals.csv", res.evals, EVAL_COLUMNS)
     _write_csv(out / "runs.csv", res.runs, RUN_COLUMNS)
-    if out.resolve() != Path(path).resolve():
+    if not (out / "runs").is_dir():  # not a suite's own output folder
         (out / "suite.yaml").write_text(res.suite_text)
         (out / "meta.json").write_text(json.dumps(res.meta, indent=1) + "\n")
     figs = write_figures(res, out, reps=min(reps, 500)) if figures else {}
@@ -368,12 +407,20 @@ comes from).
 """
 
 
+def by_suite(paths: list[Path]) -> list[Results]:
+    """The folders' results, those of one suite merged, in the order each suite first appears."""
+    groups: dict[str, list[Results]] = {}
+    for p in paths:
+        res = collect(p)
+        groups.setdefault(res.suite.name, []).append(res)
+    return [merge(parts) for parts in groups.values()]
+
+
 def page_text(paths: list[Path], reps: int = 2000, figures: str = "img/results") -> str:
     """The documentation page for the results folders ``paths`` (in the order given), its
     figures linked under ``figures`` (relative to the page)."""
     parts = [PAGE_HEAD]
-    for p in paths:
-        res = collect(p)
+    for res in by_suite(paths):
         links = {t: f"{figures}/{f}" for t, f in figure_files(res).items()}
         parts.append(markdown(res, reps, links))
     return "\n".join(parts)
@@ -382,8 +429,8 @@ def page_text(paths: list[Path], reps: int = 2000, figures: str = "img/results")
 def write_page(paths: list[Path], page: Path, figures: Path | None = None, reps: int = 2000) -> Path:
     """Write the page and its figures (default ``<page folder>/img/results``)."""
     folder = figures or page.parent / "img" / "results"
-    for p in paths:
-        write_figures(collect(p), folder, reps=min(reps, 500))
+    for res in by_suite(paths):
+        write_figures(res, folder, reps=min(reps, 500))
     rel = os.path.relpath(folder, page.parent)
     page.write_text(page_text(paths, reps, rel))
     return page
