@@ -300,15 +300,48 @@ def test_the_lean_conversion_holds_an_action_for_as_many_steps_as_one_at_a_time(
     held.close()
 
 
+class DrawnEnv(PaintEnv):
+    """PaintEnv drawing its pictures only with a render mode, as PettingZoo's butterfly envs do:
+    without one its agents see black frames."""
+
+    metadata = {"name": "drawn_v0", "render_modes": ["rgb_array"]}
+
+    def __init__(self, render_mode=None, **kw):
+        super().__init__(**kw)
+        self.render_mode = render_mode
+
+    def _obs(self, agent):
+        img = super()._obs(agent)
+        return img if self.render_mode else np.zeros_like(img)
+
+
+def test_an_env_that_draws_only_with_a_render_mode_is_built_with_rgb_array():
+    """Agents that observe a screen drawn only with a render mode see it drawn: corral builds the
+    env with render_mode=rgb_array where it offers that mode and the user set none; a render_mode
+    the user set (None included) is kept, and black frames are then warned about."""
+    env = make_multiagent_vec_env(DrawnEnv, 2, pixels={"size": 36, "stack": 1})
+    assert [e.render_mode for e in env.envs] == ["rgb_array"] * 2
+    assert env.layout.split(env.reset(seed=0)).obs.any()
+    env.close()
+    with pytest.warns(UserWarning, match="black frame"):
+        env = make_multiagent_vec_env(DrawnEnv, 1, {"render_mode": None}, pixels={"size": 36, "stack": 1})
+        assert not env.layout.split(env.reset(seed=0)).obs.any()
+    env.close()
+    env = make_multiagent_vec_env(PaintEnv, 1, pixels={"size": 36, "stack": 1})  # offers no render mode
+    assert not hasattr(env.envs[0], "render_mode") and env.layout.split(env.reset(seed=0)).obs.any()
+    env.close()
+
+
 def test_cooperative_pong_draws_its_screen_only_with_a_render_mode():
-    """PettingZoo's cooperative_pong draws in render(), a no-op without a render mode: black frames,
-    which corral warns about; with render_mode=rgb_array (its preset) the ball and paddles show."""
+    """PettingZoo's cooperative_pong draws in render(), a no-op without a render mode: with
+    render_mode=None its frames are black, which corral warns about; built as corral builds it
+    (render_mode=rgb_array, unless set) the ball and paddles show and move."""
     env_id = "pettingzoo:butterfly.cooperative_pong_v6"
     with pytest.warns(UserWarning, match="black frame"):
-        env = make_multiagent_vec_env(env_id, 1, pixels={"size": 36})
+        env = make_multiagent_vec_env(env_id, 1, {"render_mode": None}, pixels={"size": 36})
         env.reset(seed=0)
     env.close()
-    env = make_multiagent_vec_env(env_id, 1, {"render_mode": "rgb_array"}, pixels={"size": 36, "stack": 1})
+    env = make_multiagent_vec_env(env_id, 1, pixels={"size": 36, "stack": 1})
     L = env.layout
     first = L.split(env.reset(seed=0)).obs.clone()
     assert first.any()

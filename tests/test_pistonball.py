@@ -39,6 +39,23 @@ def test_the_pistonball_preset_builds_small_frames_and_a_small_run(algo):
         env.close()
 
 
+def test_the_pistonball_agents_see_the_ball():
+    """pistonball draws its screen only with a render mode (its draw() returns at once without
+    one): built as the preset builds it, each agent's frames show the drawn screen (its white
+    background, mean grey level over 200, not the undrawn 75) and the pistons near the ball see
+    it (their frames differ from those of pistons far from it, which see only white and pistons)."""
+    cfg = build_config("ippo", ENV)
+    env = make_multiagent_vec_env(ENV, 1, dict(cfg.env.kwargs), pixels=cfg.env.pixels)
+    try:
+        assert env.envs[0].render_mode == "rgb_array"
+        frames = env.layout.split(env.reset(seed=0)).obs.reshape(20, -1).float()
+        assert frames.mean() > 200
+        darkest = frames.mean(1)  # the ball is blue: darker than the white background in grey
+        assert darkest.max() - darkest.min() > 10
+    finally:
+        env.close()
+
+
 @pytest.mark.slow
 def test_ippo_at_the_pistonball_preset_beats_a_random_team():
     """The preset, seed 0, its 16,000 env steps (each 4 frames; about 17 CPU-minutes): held out

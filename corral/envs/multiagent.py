@@ -118,6 +118,9 @@ class MultiAgentVecEnv:
         self.frames = None  # image observations: stacks of preprocessed frames, packed as uint8
         self.dtype = np.float32
         if P is not None:
+            if undrawn(self.envs[0], factory):  # rebuilt drawing their screens (rgb_array)
+                factory.kwargs["render_mode"] = "rgb_array"
+                self.envs = [factory() for _ in range(num_envs)]
             self.layout = L = P
             self.frames, self.dtype = FrameStacks(L, num_envs, pixels), np.uint8
             self.skip = pixel_options(pixels).skip
@@ -392,6 +395,18 @@ class MultiAgentVecEnv:
 
     def __repr__(self) -> str:
         return f"MultiAgentVecEnv({self.env_id!r}, num_envs={self.num_envs}, agents={list(self.layout.agents)})"
+
+
+def undrawn(env: Any, factory: Any) -> bool:
+    """Whether ``env`` observes images of a screen it draws only with a render mode, built without
+    one: PettingZoo's butterfly envs (pistonball, cooperative_pong) skip their drawing when
+    ``render_mode`` is None, so their agents would see a screen without the ball. True where the
+    env offers ``rgb_array``, has no render mode, and the factory's kwargs can give it one (a
+    ``render_mode`` the user set, None included, is kept)."""
+    modes = (getattr(env, "metadata", None) or {}).get("render_modes", ())
+    return (getattr(env, "render_mode", None) is None and "rgb_array" in modes
+            and "render_mode" not in getattr(factory, "kwargs", {"render_mode": None})
+            and isinstance(getattr(factory, "spec", None), (str, type)))
 
 
 def make_multiagent_vec_env(spec: Any, num_envs: int, kwargs: dict | None = None, device: Any = "cpu",
