@@ -119,6 +119,8 @@ class MultiAgentVecEnv:
         self.dtype = np.float32
         if P is not None:
             if undrawn(self.envs[0], factory):  # rebuilt drawing their screens (rgb_array)
+                for e in self.envs:
+                    e.close()
                 factory.kwargs["render_mode"] = "rgb_array"
                 self.envs = [factory() for _ in range(num_envs)]
             self.layout = L = P
