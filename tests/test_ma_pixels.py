@@ -150,6 +150,21 @@ def test_frames_are_grey_resized_stacked_and_packed_as_uint8():
     env.close()
 
 
+def test_inverted_frames_store_255_minus_each_value():
+    """env.pixels.invert: every agent's frames and the state's are 255 - the grey value (a white
+    background becomes 0, as Atari's black one), the same stacking otherwise."""
+    env = make_multiagent_vec_env(PaintEnv, 1, pixels={**SMALL, "invert": True})
+    L = env.layout
+    v = L.split(env.reset(seed=0))
+    for j in range(3):
+        assert (v.obs.reshape(3, 2, 36, 36)[j] == 255 - grey(j)).all()
+    assert (v.state == 255 - 100).all()
+    obs, *_ = env.step(torch.zeros(1, 3, dtype=torch.long))
+    frames = L.split(obs).obs.reshape(3, 2, 36, 36)
+    assert (frames[1, 0] == 255 - grey(1)).all() and (frames[1, 1] == 255 - grey(11)).all()
+    env.close()
+
+
 def test_pixel_options_are_checked():
     assert pixel_options({}) == pixel_options(None)
     with pytest.raises(UserError, match="did you mean size"):

@@ -18,7 +18,9 @@ smallest side), ``grey`` (default true), ``stack`` (default 4), ``state_size`` (
 half of ``size``, at least 36; MAPPO's centralized value reads the whole scene, where a
 coarser picture does, at a ninth of the CNN's cost at 84), ``skip`` (default 1: frame skip,
 each joint action held for ``skip`` env steps with the rewards summed, stopping early where an
-agent's episode ends; a vector step is then ``skip`` frames, as an Atari env's is 4). A packed step of pistonball (20
+agent's episode ends; a vector step is then ``skip`` frames, as an Atari env's is 4), ``invert``
+(default false: true stores ``255 - value``, so a bright background is 0 as Atari's dark one is;
+the Nature CNN's untrained features barely tell near-white frames apart). A packed step of pistonball (20
 agents) at the defaults is 20 x 4 x 84 x 84 + 4 x 42 x 42 bytes = 0.57 MB, against
 20 x 457 x 120 x 3 + 560 x 880 x 3 float32 values (19 MB) before.
 """
@@ -55,6 +57,8 @@ class PixelOptions:
     """the env's image state is resized to state_size x state_size (0: half of size, at least 36)"""
     skip: int = 1
     """frame skip: each joint action is held for this many env steps, the rewards summed (Atari's 4)"""
+    invert: bool = False
+    """store 255 - value: a bright background (pistonball's white screen) becomes 0, as Atari's dark one"""
 
     @property
     def state_side(self) -> int:
@@ -144,6 +148,7 @@ class FrameStacks:
         # (channels of one frame: 1 grey, 3 RGB; side) of the agents' frames and the state's
         self.obs_frame = (layout.frame[0] // stack, layout.frame[1])
         self.state_frame = (layout.state_frame[0] // stack, layout.state_frame[1]) if layout.has_state else None
+        self.invert = pixel_options(pixels).invert
         self.started = np.zeros((num_envs, A + 1), bool)  # slot A: the state
         self.state_failures = 0
 
@@ -182,6 +187,8 @@ class FrameStacks:
         a = cv2.resize(np.ascontiguousarray(a), (side, side), interpolation=cv2.INTER_AREA)
         if flip:
             a = a.swapaxes(0, 1)
+        if self.invert:
+            a = 255 - a
         return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
     def _push(self, stack: np.ndarray, img: Any, fresh: bool, shape: tuple[int, int]) -> None:
