@@ -141,14 +141,15 @@ class FrameStacks:
     def __init__(self, layout: AgentLayout, num_envs: int, pixels: Any = None):
         self.layout = layout
         self.cv2 = _cv2()
-        stack = pixel_options(pixels).stack
+        opts = pixel_options(pixels)
+        stack = opts.stack
         A = layout.n_agents
         self.obs = np.zeros((num_envs, A, *layout.frame), np.uint8)
         self.state = np.zeros((num_envs, *layout.state_frame), np.uint8) if layout.has_state else None
         # (channels of one frame: 1 grey, 3 RGB; side) of the agents' frames and the state's
         self.obs_frame = (layout.frame[0] // stack, layout.frame[1])
         self.state_frame = (layout.state_frame[0] // stack, layout.state_frame[1]) if layout.has_state else None
-        self.invert = pixel_options(pixels).invert
+        self.invert = opts.invert
         self.started = np.zeros((num_envs, A + 1), bool)  # slot A: the state
         self.state_failures = 0
 
