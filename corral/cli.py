@@ -27,13 +27,21 @@ def _cmd_train(args) -> int:
     learner = Learner(cfg, None)  # build everything before touching the disk: bad input leaves no run dir
     learner.run_dir = new_run_dir(cfg, args.run_dir)
     (learner.run_dir / "config.yaml").write_text(C.dump_yaml(cfg))
-    return _finish(learner.train(), args.json)
+    return _finish(learner, args.json)
 
 
-def _finish(summary: dict, as_json: bool) -> int:
+def _finish(learner, as_json: bool) -> int:
+    """Train to the end; the first Ctrl-C / SIGTERM pauses the run with a checkpoint instead."""
+    from corral.train.pause import train_pausable
+
+    summary, paused = train_pausable(learner)
     if as_json:
         print(json.dumps(summary))
-    else:
+    if paused is not None:
+        print(f"corral: stopped at {summary['env_steps']:,} steps, unfinished; continue it with: corral resume "
+              f"{summary['run_dir']}", file=sys.stderr)
+        return paused
+    if not as_json:
         ev = f", eval {summary['eval_return']:.1f} ± {summary['eval_return_std']:.1f}" if "eval_return" in summary else ""
         last = summary["last20_return"]
         print(f"done: {summary['env_steps']:,} steps in {summary['train_seconds']:.1f}s, {summary['episodes']} episodes, "
@@ -42,11 +50,11 @@ def _finish(summary: dict, as_json: bool) -> int:
 
 
 def _cmd_resume(args) -> int:
-    from corral.train.learner import resume_learner
+    from corral.train.resume import resume_learner
 
     learner = resume_learner(args.run_dir, steps=args.steps, device=args.device, sets=args.set or [],
                              progress=False if args.json else None)
-    return _finish(learner.train(), args.json)
+    return _finish(learner, args.json)
 
 
 def _cmd_eval(args) -> int:
@@ -77,7 +85,9 @@ def _cmd_eval(args) -> int:
     print(f"{result['env']}: mean return {result['mean_return']:.2f} ± {result['std_return']:.2f} "
           f"over {result['episodes']} episodes (median {result['median_return']:.2f}, min {result['min_return']:.2f}, "
           f"max {result['max_return']:.2f}, 95% CI of the mean [{lo:.2f}, {hi:.2f}])")
-    print(f"protocol: {_protocol_text(result)}")
+    from corral.train.evaluate import describe_result
+
+    print(f"protocol: {describe_result(result)}")
     return 0
 
 
@@ -201,18 +211,6 @@ def _cmd_report(args) -> int:
     from corral.bench import cli as bench_cli
 
     return bench_cli.report(args)
-
-
-def _protocol_text(result: dict) -> str:
-    from corral.train.evaluate import EvalProtocol
-
-    text = EvalProtocol(**result["protocol"]).describe()
-    if result.get("stopped") == "max_seconds":
-        text += (f"; stopped at the time budget after {result['episodes']} of {result['episodes_requested']} "
-                 "episodes (the statistics are theirs)")
-    if result.get("episodes_at_cap"):
-        text += f"; {result['episodes_at_cap']} episodes reached the cap"
-    return text
 
 
 def _cmd_list(args) -> int:

@@ -180,6 +180,43 @@ def test_a_killed_suite_finishes_when_rerun_and_equals_one_never_interrupted(uni
     assert_same_runs(out, ref)
 
 
+def test_sigterm_stops_a_suite_with_every_running_run_checkpointed_and_a_rerun_equals_one_never_stopped(
+        uninterrupted, tmp_path):
+    """One SIGTERM to the driver: it starts no more runs, each running run pauses after its
+    current update with a checkpoint where it stood (not the last periodic one), none is booked
+    as failed, and the driver exits 143 naming them. The same command finishes the suite, equal
+    to the uninterrupted one."""
+    suite, ref = uninterrupted
+    out = tmp_path / "out"
+    driver = subprocess.Popen([*CLI, "bench", str(suite), "--out", str(out), "--jobs", "2", "--no-live"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    victim = out / "runs" / "ppo-CartPole-v1-s0"
+    deadline = time.time() + 120
+    status = {}
+    while time.time() < deadline:  # the run going, past its first update
+        status = runner.read_json(victim / "status.json", {})
+        if status.get("pid") and 0 < status["steps"] < 16000:
+            break
+        time.sleep(0.02)
+    else:
+        driver.kill()
+        pytest.fail(f"the run did not start within 2 minutes: {status}")
+    driver.send_signal(signal.SIGTERM)
+    stdout, stderr = driver.communicate(timeout=120)
+    assert driver.returncode == 143, stdout + stderr
+    assert "ppo-CartPole-v1-s0" in stdout.split("stopped with a checkpoint")[1]
+    status = runner.read_json(victim / "status.json")
+    assert status["state"] == "stopped" and not (victim / "result.json").exists()
+    at = torch.load(victim / "checkpoints" / "latest.pt", weights_only=True)["counters"]["env_steps"]
+    assert at == status["steps"] == runner.read_json(victim / "cpu.json")["step"]
+    assert "failures" not in runner.read_json(victim / "bench.json")
+    assert not (out / "runs" / "dqn-CartPole-v1-s1" / "bench.json").exists()  # queued, never started
+    r = bench(suite, "--out", out, "--jobs", 2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert runner.read_json(victim / "bench.json")["attempts"] == 2  # resumed, not started again
+    assert_same_runs(out, ref)
+
+
 def test_rerunning_a_finished_suite_runs_nothing(uninterrupted):
     suite, out = uninterrupted
     before = {p: p.stat().st_mtime for p in (out / "runs").glob("*/result.json")}

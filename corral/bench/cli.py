@@ -101,7 +101,7 @@ def bench(args) -> int:
         outcome = execute.run_local(suite, out, runs, jobs=jobs, memory=memory, retries=args.retries,
                                     allow_code_change=args.allow_code_change, live=live)
     summary = {"out": str(out), "runs": len(runs), "done": len(outcome.done), "failed": outcome.failed,
-               "refused": outcome.refused, "busy": outcome.busy}
+               "refused": outcome.refused, "busy": outcome.busy, "stopped": outcome.stopped}
     if args.json:
         print(json.dumps(summary))
     else:
@@ -113,8 +113,12 @@ def bench(args) -> int:
                   f"the report marks them): {', '.join(outcome.refused)}")
         if outcome.busy:
             print(f"running in another process: {', '.join(outcome.busy)}")
+        if outcome.stopped:
+            print(f"stopped with a checkpoint (the same command continues them): {', '.join(outcome.stopped)}")
         if len(outcome.done) == len(runs):
             print(f"report: corral report {out}")
+    if outcome.signum is not None:
+        return 128 + outcome.signum
     return 0 if len(outcome.done) == len(runs) else 1
 
 

@@ -5,7 +5,9 @@ Running the same command again continues the suite: the runner skips finished ru
 interrupted ones from their latest checkpoint. A run that fails is retried ``retries`` times,
 then reported with the end of its log. The driver holds no state of its own: everything is in
 the run directories, so killing it loses nothing but the runs' progress since their last
-checkpoint.
+checkpoint. Stopping it with SIGINT (Ctrl-C) or SIGTERM loses nothing at all: it starts no
+more runs and passes a SIGTERM to each running one, which pauses after its current update with
+a checkpoint (``corral.train.pause``); a second signal kills them at once.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from corral.bench.runner import BUSY, REFUSED, read_json, write_json
+from corral.bench.runner import BUSY, REFUSED, STOPPED, read_json, write_json
 from corral.bench.suite import Run, Suite
 from corral.errors import UserError
 
@@ -119,6 +121,8 @@ def record_exit(d: Path, rc: int) -> str:
         return "refused"
     if rc == BUSY:
         return "busy"
+    if rc == STOPPED:  # paused with a checkpoint: the next call resumes it
+        return "stopped"
     bench["failures"] = bench.get("failures", 0) + 1
     bench["error"] = log_tail(d)
     write_json(d / "bench.json", bench)
@@ -131,6 +135,8 @@ class Outcome:
     failed: dict[str, str] = field(default_factory=dict)  # run name -> the end of its log
     refused: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)  # paused by a signal, with a checkpoint
+    signum: int | None = None  # the signal that stopped the suite
 
 
 def run_local(suite: Suite, out: Path, runs: list[Run], *, jobs: int, memory: int | None = None,
@@ -152,25 +158,35 @@ def run_local(suite: Suite, out: Path, runs: list[Run], *, jobs: int, memory: in
             outcome.failed[r.name] = read_json(run_dir(out, r) / "bench.json", {}).get("error", "")
     running: dict[str, tuple[Run, subprocess.Popen]] = {}
     table = Table(out, runs, live=live)
+
+    def stop(signum, frame):
+        if outcome.signum is not None:
+            raise KeyboardInterrupt  # the second signal: the runs are killed below
+        outcome.signum = signum
+        print(f"corral bench: {signal.Signals(signum).name}: starting no more runs; the {len(running)} running "
+              "write a checkpoint after their current update (signal again to kill them)", file=sys.stderr, flush=True)
+        for _, proc in running.values():
+            told.add(proc.pid)
+            proc.terminate()
+
+    told: set[int] = set()
+    handlers = _take_signals(stop)
     try:
-        while queue or running:
+        while (queue and outcome.signum is None) or running:
             # start what fits: a free slot and the memory for it (one run always starts)
             used = sum(estimated_memory(suite, r) for r, _ in running.values())
-            while queue and len(running) < jobs:
+            while queue and outcome.signum is None and len(running) < jobs:
                 need = estimated_memory(suite, queue[0])
                 if running and memory is not None and used + need > memory:
                     break
                 r = queue.pop(0)
-                d = run_dir(out, r)
-                log = open(d / "log.txt", "a")
-                log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} start\n")
-                log.flush()
-                proc = subprocess.Popen(runner_command(d, allow_code_change), stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=runner_env(suite.threads),
-                                        preexec_fn=_die_with_parent)
-                log.close()
-                running[r.name] = (r, proc)
+                running[r.name] = (r, _start_runner(run_dir(out, r), suite.threads, allow_code_change))
                 used += need
+            if outcome.signum is not None:  # a run started as the signal came
+                for _, proc in running.values():
+                    if proc.pid not in told:
+                        told.add(proc.pid)
+                        proc.terminate()
             table.update({name: "running" for name in running})
             time.sleep(0.5)
             for name, (r, proc) in list(running.items()):
@@ -180,24 +196,53 @@ def run_local(suite: Suite, out: Path, runs: list[Run], *, jobs: int, memory: in
                 del running[name]
                 d = run_dir(out, r)
                 state = record_exit(d, rc)
-                if state == "done":
-                    outcome.done.append(name)
-                elif state == "refused":
-                    outcome.refused.append(name)
-                elif state == "busy":
-                    outcome.busy.append(name)
+                if state in ("done", "refused", "busy", "stopped"):
+                    getattr(outcome, state).append(name)
+                elif outcome.signum is not None:
+                    pass  # ended otherwise while the suite stops (killed before it could pause)
                 elif run_state(d, retries) == "todo":
                     queue.append(r)  # retried after the rest of the queue
                 else:
                     outcome.failed[name] = read_json(d / "bench.json", {}).get("error", "")
                 table.update({})
+    except KeyboardInterrupt:
+        for _, proc in running.values():  # a second signal: no waiting for the runs' checkpoints
+            proc.kill()
+        raise
     finally:
-        for _, proc in running.values():  # Ctrl-C: stop the runs (their checkpoints stay)
-            proc.terminate()
+        for _, proc in running.values():  # an error here: the runs pause with their checkpoints
+            if proc.poll() is None:
+                proc.terminate()
         for _, proc in running.values():
             proc.wait()
+        _restore_signals(handlers)
         table.close()
     return outcome
+
+
+def _start_runner(d: Path, threads: int, allow_code_change: bool) -> subprocess.Popen:
+    with open(d / "log.txt", "a") as log:
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} start\n")
+        log.flush()
+        # a session of its own: a terminal's Ctrl-C reaches the driver alone, which passes one
+        # SIGTERM on (a run that got both would take the second as "abort")
+        return subprocess.Popen(runner_command(d, allow_code_change), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=runner_env(threads), preexec_fn=_die_with_parent,
+                                start_new_session=True)
+
+
+def _take_signals(handler) -> dict | None:
+    """SIGINT and SIGTERM to ``handler`` (in the main thread only); the previous handlers."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signals(handlers: dict | None) -> None:
+    for s, h in (handlers or {}).items():
+        signal.signal(s, h)
 
 
 def _ray_task(d: str, allow_code_change: bool, threads: int) -> tuple[str, int]:
@@ -267,6 +312,8 @@ def run_ray(suite: Suite, out: Path, runs: list[Run], *, address: str, retries: 
                     outcome.refused.append(r.name)
                 elif rc == BUSY:
                     outcome.busy.append(r.name)
+                elif rc == STOPPED:
+                    outcome.stopped.append(r.name)
             table.update({})
     finally:
         table.close()

@@ -42,6 +42,8 @@ class Table:
             state = "refused"
         elif running.get(run.name) or (status.get("state") == "running" and time.time() - status.get("time", 0) < 30):
             state = "running"
+        elif status.get("state") == "stopped":
+            state = "stopped"
         elif bench.get("failures"):
             state = f"failed x{bench['failures']}"
         else:

@@ -22,12 +22,14 @@ import argparse
 import fcntl
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 REFUSED = 3  # the run's code differs from this process's (not retried)
 BUSY = 75  # another process holds the run (not retried now)
+STOPPED = 76  # paused by SIGINT / SIGTERM with a checkpoint: unfinished, not failed (the next call resumes it)
 # where the run is: the Ray node a task ran on (set by the driver's task), else the host
 NODE = os.environ.get("CORRAL_BENCH_NODE") or os.uname().nodename
 
@@ -158,7 +160,7 @@ def _run(run_dir: Path, allow_code_change: bool) -> int:
     write_json(run_dir / "bench.json", bench)
 
     if resuming:
-        from corral.train.learner import resume_learner
+        from corral.train.resume import resume_learner
 
         # a run killed between its last checkpoint and result.json is at its budget: train()
         # then runs the final evaluation and checkpoint again (the same) and it is done
@@ -192,7 +194,15 @@ def _run(run_dir: Path, allow_code_change: bool) -> int:
         (run_dir / "config.yaml").write_text(C.dump_yaml(cfg))
         cpu_offset = 0.0
     hook = BenchHook(run_dir, cpu_offset)
-    summary = learner.train([hook])
+    from corral.train.pause import train_pausable
+
+    summary, paused = train_pausable(learner, [hook], announce=False)
+    if paused is not None:  # the checkpoint of the pause, with the CPU seconds up to it
+        write_json(run_dir / "cpu.json", {"step": learner.env_steps, "cpu_s": hook.cpu_s()})
+        hook.write_status(learner, "stopped")
+        print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} stopped by {signal.Signals(paused - 128).name} "
+              f"at {learner.env_steps:,} steps with a checkpoint", flush=True)
+        return STOPPED
     final = summary.get("eval")
     if final is not None and hook.last_eval_step != learner.env_steps:
         hook.record_eval(learner, final)

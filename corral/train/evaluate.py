@@ -442,3 +442,14 @@ def summarize(returns: list[float]) -> dict:
         "ci95_return": [lo, hi],
         "episodes": int(arr.size),
     }
+
+
+def describe_result(result: dict) -> str:
+    """An ``evaluate`` result's protocol in one line, with how the evaluation ended (``corral eval``)."""
+    text = EvalProtocol(**result["protocol"]).describe()
+    if result.get("stopped") == "max_seconds":
+        text += (f"; stopped at the time budget after {result['episodes']} of {result['episodes_requested']} "
+                 "episodes (the statistics are theirs)")
+    if result.get("episodes_at_cap"):
+        text += f"; {result['episodes_at_cap']} episodes reached the cap"
+    return text

@@ -115,7 +115,8 @@ class MetricsHook:
         self.write(learner, record)
 
     def close(self, learner: "Learner") -> None:
-        if learner.env_steps > self.last_steps and not learner.failed:
+        # a paused run writes no closing row: the resumed run logs on its own schedule
+        if learner.env_steps > self.last_steps and not learner.failed and not learner.paused:
             self(learner, getattr(self, "stats", {}), final=True)
         self.close_writers(learner.failed)
 
@@ -241,7 +242,7 @@ class EvalHook:
             self.evaluate(learner)
 
     def close(self, learner: "Learner") -> None:
-        if learner.cfg.eval.episodes > 0 and not learner.failed:
+        if learner.cfg.eval.episodes > 0 and not learner.failed and not learner.paused:
             result = self.evaluate(learner)
             if learner.run_dir:
                 (learner.run_dir / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -270,7 +271,7 @@ class CheckpointHook:
                 old.unlink()
 
     def close(self, learner: "Learner") -> None:
-        if not learner.failed:
+        if not learner.failed and not learner.paused:  # a paused run wrote its checkpoint at the pause
             learner.save(learner.run_dir / "checkpoints" / "latest.pt")
 
 

@@ -82,6 +82,9 @@ class Learner:
     eval_seconds: float = 0.0  # of this process's evaluations (within train_seconds)
     eval_history: list = field(default_factory=list)  # {"step", "eval_return", "train_seconds" without evals}
     failed: bool = False
+    # ``pause()``: the run ends at the next update boundary with a checkpoint, unfinished
+    paused: bool = False
+    _pause_requested: bool = False
     _stream: Any = None  # the update stream of a run in progress (``start``)
     _evaluator: Any = None
     _finished: bool = False
@@ -256,6 +259,7 @@ class Learner:
         # the final evaluation's counters), then the metrics and the progress bar
         self._closing = [*reversed(hooks or []), self._evaluator, *checkpoint, metrics, *progress]
         self.stop = False
+        self.paused = False  # a pause asked for before the run started still takes effect
         self._t0 = time.perf_counter() - self.train_seconds
         self._stopped_early = self._finished = False
         self._updates_here = 0
@@ -264,7 +268,7 @@ class Learner:
 
     def done(self) -> bool:
         """The run reached ``cfg.steps`` or an early stop (``stop_at_return``, ``eval.stop_at_return``,
-        a hook's ``stop``)."""
+        a hook's ``stop``), or was paused (``pause()``)."""
         return self._finished
 
     def step(self) -> dict | None:
@@ -305,7 +309,19 @@ class Learner:
                 or (cfg.eval.stop_at_return is not None and ev.last_step == self.env_steps
                     and cast(dict, self.last_eval)["mean_return"] >= cfg.eval.stop_at_return)):  # the eval just made
             self._stopped_early = self._finished = True
+        if self._pause_requested and not self._finished and self.algo.at_boundary:
+            # where the checkpoint hook would write one: resuming it continues the run exactly
+            if self.run_dir is not None:
+                self.save(self.run_dir / "checkpoints" / "latest.pt")
+            self.paused = self._finished = True
         return stats
+
+    def pause(self) -> None:
+        """End the run at the next update boundary, unfinished: with a run directory, its state
+        goes to ``checkpoints/latest.pt`` there (``corral resume`` then continues exactly as if
+        the run had never stopped); no final evaluation. ``done()`` turns true, ``paused`` tells it
+        from a finished run. Safe to call from a signal handler (``pause_on_signals``)."""
+        self._pause_requested = True
 
     def close(self) -> dict:
         """End the run (the final evaluation and checkpoint, workers stopped, envs closed) and
@@ -332,6 +348,7 @@ class Learner:
             "episodes": self.episodes,
             "last20_return": self.last20_return if self.recent_returns else None,
             "stopped_early": self._stopped_early,
+            "paused": self.paused,
         }
         if self.last_eval:
             summary["eval_return"] = self.last_eval["mean_return"]
@@ -442,54 +459,3 @@ class Learner:
             print(f"note: env {self.cfg.env.id!r} cannot be copied into a checkpoint; "
                   "the resumed run starts fresh episodes", file=sys.stderr)
             self.obs = self.env.reset(seed=self.rng.env_seed() + self.env_steps)
-
-
-def resume_learner(run_dir: str | Path, *, steps: int | None = None, device: str | None = None,
-                   sets: list[str] | tuple = (), progress: bool | None = None, quiet: bool = False,
-                   finished_ok: bool = False) -> Learner:
-    """The Learner of ``run_dir`` at its latest checkpoint, ready to ``train()`` on (``corral
-    resume``; ``corral bench`` for an interrupted run). ``steps``: a new total budget;
-    ``device``: where to continue; ``sets``: config overrides (``scheme.collectors=2``);
-    ``finished_ok``: a checkpoint already at the budget is taken (``train()`` then only runs the
-    final evaluation and checkpoint) instead of refused."""
-    from corral.train.checkpoint import load_checkpoint
-    from corral.train.setup import config_from_dict
-
-    if device is not None:
-        resolve_device(device)  # no GPU for --device cuda: one error before anything is read or written
-    run_dir = Path(run_dir)
-    ckpt = run_dir / "checkpoints" / "latest.pt"
-    if not ckpt.is_file():
-        raise UserError(f"{str(run_dir)!r} has no checkpoints/latest.pt to resume from")
-    state = load_checkpoint(ckpt)
-    cfg = config_from_dict(state["config"])
-    if steps is not None:
-        cfg.steps = steps
-    if device is not None:
-        cfg.device = device
-    else:
-        try:
-            resolve_device(cfg.device)
-        except UserError:
-            raise UserError(f"the run was trained with device {cfg.device!r}, which this machine does not have; "
-                            "continue it here with --device cpu (or --device auto)") from None
-    if sets:  # e.g. move a run between in-process and Ray workers: --set scheme.collectors=2
-        C.apply_set(cfg, C.parse_set(list(sets)))
-    if progress is not None:
-        cfg.progress = progress
-    if state["counters"]["env_steps"] >= cfg.steps and not finished_ok:
-        raise UserError(f"the run already has {state['counters']['env_steps']:,} steps; pass --steps with a larger total")
-    learner = Learner(cfg, run_dir, quiet=quiet)
-    try:
-        learner.load_state_dict(state)
-    except (KeyError, RuntimeError, ValueError) as e:
-        from corral.envs.spaces import layout_of
-
-        layout = layout_of(learner.algo.obs_space) or []
-        hint = ("; runs saved before integer parts of Dict / Tuple observations were stored compactly "
-                "cannot be resumed (corral.load and corral eval still act with them)") if any(p.nvec for p in layout) else ""
-        learner.env.close()
-        raise UserError(f"checkpoint {str(ckpt)!r} does not match its config "
-                        f"({type(e).__name__}: {str(e).splitlines()[0][:300]}){hint}") from None
-    (run_dir / "config.yaml").write_text(C.dump_yaml(cfg))
-    return learner
