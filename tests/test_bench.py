@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from checkpoint_state import assert_same_checkpoint
 
 from corral.bench import execute, report, runner
 from corral.bench.suite import load_suite, parse_suite
@@ -51,34 +52,12 @@ def bench(*args, timeout: float = 600) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=ROOT)
 
 
-def algo_tensors(run_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the run's final algorithm state (parameters, optimizer, targets), flat."""
-    state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
-    flat = {}
-
-    def walk(prefix, x):
-        if isinstance(x, torch.Tensor):
-            flat[prefix] = x
-        elif isinstance(x, dict):
-            for k, v in x.items():
-                walk(f"{prefix}.{k}", v)
-        elif isinstance(x, (list, tuple)):
-            for i, v in enumerate(x):
-                walk(f"{prefix}.{i}", v)
-
-    walk("algo", state["algo"])
-    walk("rng", state["rng"])
-    return flat
-
-
 def assert_same_runs(a: Path, b: Path) -> None:
     names = sorted(p.name for p in (a / "runs").iterdir())
     assert names == sorted(p.name for p in (b / "runs").iterdir())
     for name in names:
-        ta, tb = algo_tensors(a / "runs" / name), algo_tensors(b / "runs" / name)
-        assert ta.keys() == tb.keys()
-        for k in ta:
-            assert torch.equal(ta[k], tb[k]), f"{name}: {k} differs"
+        assert_same_checkpoint(a / "runs" / name / "checkpoints" / "latest.pt",
+                               b / "runs" / name / "checkpoints" / "latest.pt", name)
         ea = [(r["step"], r["return"]) for r in runner.read_rows(a / "runs" / name / "evals.jsonl")]
         eb = [(r["step"], r["return"]) for r in runner.read_rows(b / "runs" / name / "evals.jsonl")]
         assert ea == eb, name

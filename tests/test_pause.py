@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
+from checkpoint_state import assert_same_checkpoint
 
 from corral.train.checkpoint import load_checkpoint
 from corral.train.learner import Learner
@@ -30,33 +30,6 @@ PPO = ["ppo.n_steps=32", "ppo.batch_size=32", "ppo.n_epochs=2", "env.num_envs=2"
 # SAC: a replay buffer and gradient steps every 4 env steps, the temperature tuned
 SAC = ["sac.learning_starts=100", "sac.batch_size=32", "sac.hidden=[32,32]", "sac.train_freq=4",
        "sac.gradient_steps=2", "eval.episodes=0", "checkpoint.every=100000", *QUIET]
-
-
-def state_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint's algorithm state and random streams, flat."""
-    state = load_checkpoint(path)
-    flat: dict[str, torch.Tensor] = {}
-
-    def walk(prefix, x):
-        if isinstance(x, torch.Tensor):
-            flat[prefix] = x
-        elif isinstance(x, dict):
-            for k, v in x.items():
-                walk(f"{prefix}.{k}", v)
-        elif isinstance(x, (list, tuple)):
-            for i, v in enumerate(x):
-                walk(f"{prefix}.{i}", v)
-
-    walk("algo", state["algo"])
-    walk("rng", state["rng"])
-    return flat
-
-
-def assert_same_state(a: Path, b: Path) -> None:
-    ta, tb = state_tensors(a), state_tensors(b)
-    assert ta.keys() == tb.keys()
-    for k in ta:
-        assert torch.equal(ta[k], tb[k]), k
 
 
 def straight_run(algo: str, env: str, steps: int, seed: int, sets: list[str], run_dir: Path) -> dict:
@@ -93,7 +66,7 @@ def test_a_paused_run_resumed_equals_the_run_that_never_stopped(tmp_path, algo, 
 
     resumed = resume_learner(run, progress=False).train()
     assert not resumed["paused"] and resumed["env_steps"] == ref["env_steps"] == steps
-    assert_same_state(run / "checkpoints" / "latest.pt", tmp_path / "ref" / "checkpoints" / "latest.pt")
+    assert_same_checkpoint(run / "checkpoints" / "latest.pt", tmp_path / "ref" / "checkpoints" / "latest.pt")
     if algo == "ppo":
         assert resumed["eval_return"] == ref["eval_return"]
         hist = [(r["step"], r["eval_return"]) for r in resume_learner_history(run)]
@@ -166,4 +139,4 @@ def test_sigterm_to_corral_train_pauses_with_a_checkpoint_and_corral_resume_fini
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1])["env_steps"] == steps
     straight_run("ppo", "CartPole-v1", steps, 2, sets, tmp_path / "ref")
-    assert_same_state(run / "checkpoints" / "latest.pt", tmp_path / "ref" / "checkpoints" / "latest.pt")
+    assert_same_checkpoint(run / "checkpoints" / "latest.pt", tmp_path / "ref" / "checkpoints" / "latest.pt")
