@@ -196,6 +196,37 @@ def test_sigterm_stops_a_suite_with_every_running_run_checkpointed_and_a_rerun_e
     assert_same_runs(out, ref)
 
 
+def test_stop_after_pauses_the_running_runs_at_the_time_limit(uninterrupted, tmp_path):
+    """``--stop-after 12``: a run far from its budget is paused with a checkpoint where it stood
+    (well before its end), and the driver exits 1 (not every run done) saying why."""
+    suite, _ = uninterrupted
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    r = bench(suite, "--out", out, "--only", "ppo", "--seeds", "0", "--steps-scale", 60, "--stop-after", "12")
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "stopped at the time limit" in r.stdout and "ppo-CartPole-v1-s0" in r.stdout.split("checkpoint")[-1]
+    d = out / "runs" / "ppo-CartPole-v1-s0"
+    status = runner.read_json(d / "status.json")
+    assert status["state"] == "stopped" and 0 < status["steps"] < status["total"] // 4
+    at = torch.load(d / "checkpoints" / "latest.pt", weights_only=True)["counters"]["env_steps"]
+    assert at == status["steps"] and took < 60
+    assert "failures" not in runner.read_json(d / "bench.json")
+
+
+@pytest.mark.parametrize("text,seconds", [("5400", 5400), ("90m", 5400), ("2h30m", 9000), ("1h5m30s", 3930),
+                                          ("45s", 45), ("0.5h", 1800)])
+def test_durations_read_as_seconds(text, seconds):
+    from corral.bench.cli import parse_duration
+
+    assert parse_duration(text) == seconds
+
+
+def test_a_bad_duration_is_refused_naming_it():
+    r = bench("classic", "--stop-after", "soon")
+    assert r.returncode == 2 and "'soon' is not a duration" in r.stderr
+
+
 def test_rerunning_a_finished_suite_runs_nothing(uninterrupted):
     suite, out = uninterrupted
     before = {p: p.stat().st_mtime for p in (out / "runs").glob("*/result.json")}

@@ -11,6 +11,18 @@ from pathlib import Path
 from corral.errors import UserError
 
 
+def parse_duration(text: str) -> float:
+    """Seconds from ``5400``, ``90m``, ``2h30m``, ``1h5m30s``."""
+    import argparse
+    import re
+
+    m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text.strip())
+    if not text.strip() or m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; write seconds (5400) or e.g. 90m, 2h30m")
+    h, mi, sec = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + sec
+
+
 def add_parsers(sub, bench_fn, report_fn) -> None:
     b = sub.add_parser(
         "bench", help="run a benchmark suite (a grid of algos x envs x seeds) that resumes where it stopped",
@@ -31,6 +43,9 @@ def add_parsers(sub, bench_fn, report_fn) -> None:
                                                                  "available now less 1 GiB)")
     b.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster (e.g. auto, or ray://host:10001); the "
                                                      "output folder must be on a file system every node sees")
+    b.add_argument("--stop-after", metavar="DURATION", type=parse_duration,
+                   help="stop after DURATION (5400, 90m, 2h30m): the running runs pause with a checkpoint, no more "
+                        "start; the same command continues (a job's wall-time limit, a working session)")
     b.add_argument("--retries", type=int, default=2, help="times a failed run is retried (default 2)")
     b.add_argument("--allow-code-change", action="store_true",
                    help="resume runs whose checkpoints were written by other code (the report marks them)")
@@ -92,6 +107,8 @@ def bench(args) -> int:
     out = Path(args.out or Path("bench") / suite.name)
     execute.prepare(suite, out, runs)
     live = not args.no_live and not args.json
+    if args.ray and args.stop_after is not None:
+        raise UserError("--stop-after stops local runs; on a Ray cluster stop the driver (Ctrl-C) instead")
     if args.ray:
         outcome = execute.run_ray(suite, out, runs, address=args.ray, retries=args.retries,
                                   allow_code_change=args.allow_code_change, live=live)
@@ -99,7 +116,7 @@ def bench(args) -> int:
         jobs = args.jobs or max(1, (os.cpu_count() or 1) // max(1, suite.threads))
         memory = int(args.memory * 2**30) if args.memory else None
         outcome = execute.run_local(suite, out, runs, jobs=jobs, memory=memory, retries=args.retries,
-                                    allow_code_change=args.allow_code_change, live=live)
+                                    allow_code_change=args.allow_code_change, live=live, stop_after=args.stop_after)
     summary = {"out": str(out), "runs": len(runs), "done": len(outcome.done), "failed": outcome.failed,
                "refused": outcome.refused, "busy": outcome.busy, "stopped": outcome.stopped}
     if args.json:
@@ -113,6 +130,8 @@ def bench(args) -> int:
                   f"the report marks them): {', '.join(outcome.refused)}")
         if outcome.busy:
             print(f"running in another process: {', '.join(outcome.busy)}")
+        if outcome.timed_out:
+            print(f"stopped at the time limit (--stop-after {args.stop_after:g} s)")
         if outcome.stopped:
             print(f"stopped with a checkpoint (the same command continues them): {', '.join(outcome.stopped)}")
         if len(outcome.done) == len(runs):

@@ -137,52 +137,59 @@ class Outcome:
     busy: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)  # paused by a signal, with a checkpoint
     signum: int | None = None  # the signal that stopped the suite
+    timed_out: bool = False  # stopped at ``stop_after``
 
 
 def run_local(suite: Suite, out: Path, runs: list[Run], *, jobs: int, memory: int | None = None,
-              retries: int = 2, allow_code_change: bool = False, live: bool = True) -> Outcome:
+              retries: int = 2, allow_code_change: bool = False, live: bool = True,
+              stop_after: float | None = None) -> Outcome:
     """A pool of at most ``jobs`` runner processes whose estimated memory stays within
-    ``memory`` bytes (default: what the machine has available now, less 1 GiB)."""
+    ``memory`` bytes (default: what the machine has available now, less 1 GiB). ``stop_after``
+    seconds from now, it stops as on a SIGTERM: the running runs pause with a checkpoint."""
+    deadline = None if stop_after is None else time.monotonic() + stop_after
     from corral.bench.progress import Table
     from corral.storage.replay import available_memory
 
     if memory is None:
         avail = available_memory("cpu")
         memory = max(0, avail - 2**30) if avail else None
-    queue = [r for r in runs if run_state(run_dir(out, r), retries) == "todo"]
-    outcome = Outcome()
-    for r in runs:
-        state = run_state(run_dir(out, r), retries)
-        {"done": outcome.done, "refused": outcome.refused}.get(state, []).append(r.name)
-        if state == "failed":
-            outcome.failed[r.name] = read_json(run_dir(out, r) / "bench.json", {}).get("error", "")
+    queue, outcome = _todo(out, runs, retries)
     running: dict[str, tuple[Run, subprocess.Popen]] = {}
     table = Table(out, runs, live=live)
+
+    def halt(why: str) -> None:
+        print(f"corral bench: {why}: starting no more runs; the {len(running)} running write a checkpoint after "
+              "their current update (a signal kills them at once)", file=sys.stderr, flush=True)
+        for _, proc in running.values():
+            told.add(proc.pid)
+            proc.terminate()
 
     def stop(signum, frame):
         if outcome.signum is not None:
             raise KeyboardInterrupt  # the second signal: the runs are killed below
         outcome.signum = signum
-        print(f"corral bench: {signal.Signals(signum).name}: starting no more runs; the {len(running)} running "
-              "write a checkpoint after their current update (signal again to kill them)", file=sys.stderr, flush=True)
-        for _, proc in running.values():
-            told.add(proc.pid)
-            proc.terminate()
+        if not outcome.timed_out:
+            halt(signal.Signals(signum).name)
 
     told: set[int] = set()
     handlers = _take_signals(stop)
     try:
-        while (queue and outcome.signum is None) or running:
+        while (queue and not outcome.timed_out and outcome.signum is None) or running:
+            if deadline is not None and not outcome.timed_out and time.monotonic() >= deadline:
+                outcome.timed_out = True
+                if outcome.signum is None:
+                    halt("the time limit")
+            stopping = outcome.timed_out or outcome.signum is not None
             # start what fits: a free slot and the memory for it (one run always starts)
             used = sum(estimated_memory(suite, r) for r, _ in running.values())
-            while queue and outcome.signum is None and len(running) < jobs:
+            while queue and not stopping and len(running) < jobs:
                 need = estimated_memory(suite, queue[0])
                 if running and memory is not None and used + need > memory:
                     break
                 r = queue.pop(0)
                 running[r.name] = (r, _start_runner(run_dir(out, r), suite.threads, allow_code_change))
                 used += need
-            if outcome.signum is not None:  # a run started as the signal came
+            if stopping or outcome.signum is not None:  # a run started as the signal came
                 for _, proc in running.values():
                     if proc.pid not in told:
                         told.add(proc.pid)
@@ -194,16 +201,8 @@ def run_local(suite: Suite, out: Path, runs: list[Run], *, jobs: int, memory: in
                 if rc is None:
                     continue
                 del running[name]
-                d = run_dir(out, r)
-                state = record_exit(d, rc)
-                if state in ("done", "refused", "busy", "stopped"):
-                    getattr(outcome, state).append(name)
-                elif outcome.signum is not None:
-                    pass  # ended otherwise while the suite stops (killed before it could pause)
-                elif run_state(d, retries) == "todo":
+                if _book_exit(outcome, run_dir(out, r), rc, retries):
                     queue.append(r)  # retried after the rest of the queue
-                else:
-                    outcome.failed[name] = read_json(d / "bench.json", {}).get("error", "")
                 table.update({})
     except KeyboardInterrupt:
         for _, proc in running.values():  # a second signal: no waiting for the runs' checkpoints
@@ -218,6 +217,32 @@ def run_local(suite: Suite, out: Path, runs: list[Run], *, jobs: int, memory: in
         _restore_signals(handlers)
         table.close()
     return outcome
+
+
+def _todo(out: Path, runs: list[Run], retries: int) -> tuple[list[Run], Outcome]:
+    """The runs to start, and the outcome so far (the runs done, refused or failed before)."""
+    queue = [r for r in runs if run_state(run_dir(out, r), retries) == "todo"]
+    outcome = Outcome()
+    for r in runs:
+        state = run_state(run_dir(out, r), retries)
+        {"done": outcome.done, "refused": outcome.refused}.get(state, []).append(r.name)
+        if state == "failed":
+            outcome.failed[r.name] = read_json(run_dir(out, r) / "bench.json", {}).get("error", "")
+    return queue, outcome
+
+
+def _book_exit(outcome: Outcome, d: Path, rc: int, retries: int) -> bool:
+    """Book an ended runner in the outcome; whether the run is to be tried again."""
+    state = record_exit(d, rc)
+    if state in ("done", "refused", "busy", "stopped"):
+        getattr(outcome, state).append(d.name)
+    elif outcome.signum is not None or outcome.timed_out:
+        pass  # ended otherwise while the suite stops (killed before it could pause)
+    elif run_state(d, retries) == "todo":
+        return True
+    else:
+        outcome.failed[d.name] = read_json(d / "bench.json", {}).get("error", "")
+    return False
 
 
 def _start_runner(d: Path, threads: int, allow_code_change: bool) -> subprocess.Popen:
