@@ -109,19 +109,54 @@ def test_a_short_run_of_each_env_through_the_cli(algo, env_id, tmp_path, capfd):
     assert (tmp_path / "r" / "checkpoints" / "latest.pt").is_file()
 
 
-@needs_pybullet
-def test_the_presets_are_rl_zoos():
-    from corral.train.setup import load_preset
+# rl-zoo 2.9.2's Bullet entries (hyperparams/{tqc,sac,td3,ppo}.yml), one per algorithm as the files
+# write them; the four envs differ only where BULLET_DIFFS says
+BULLET_ZOO = {
+    "tqc": dict(n_timesteps=1e6, policy="MlpPolicy", learning_rate=7.3e-4, buffer_size=300000, batch_size=256,
+                ent_coef="auto", gamma=0.98, tau=0.02, train_freq=8, gradient_steps=8, learning_starts=10000,
+                use_sde=True, policy_kwargs="dict(log_std_init=-3, net_arch=[400, 300], use_expln=True)"),
+    "sac": dict(n_timesteps=1e6, policy="MlpPolicy", learning_rate=7.3e-4, buffer_size=300000, batch_size=256,
+                ent_coef="auto", gamma=0.98, tau=0.02, train_freq=8, gradient_steps=8, learning_starts=10000,
+                use_sde=True, policy_kwargs="dict(log_std_init=-3, net_arch=[400, 300], use_expln=True)"),
+    "td3": dict(n_timesteps=1e6, policy="MlpPolicy", gamma=0.98, buffer_size=200000, learning_starts=10000,
+                noise_type="normal", noise_std=0.1, gradient_steps=1, train_freq=1, batch_size=256,
+                learning_rate=7e-4, policy_kwargs="dict(net_arch=[400, 300])"),
+    "ppo": dict(normalize=True, n_envs=16, n_timesteps=2e6, policy="MlpPolicy", batch_size=128, n_steps=512,
+                gamma=0.99, gae_lambda=0.9, n_epochs=20, ent_coef=0.0, sde_sample_freq=4, max_grad_norm=0.5,
+                vf_coef=0.5, learning_rate=3e-5, use_sde=True, clip_range=0.4,
+                policy_kwargs="dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU, "
+                              "net_arch=dict(pi=[256, 256], vf=[256, 256]) )"),
+}
+BULLET_DIFFS = {
+    ("tqc", "HopperBulletEnv-v0"): dict(learning_rate="lin_7.3e-4", top_quantiles_to_drop_per_net=5),
+    ("tqc", "Walker2DBulletEnv-v0"): dict(learning_rate="lin_7.3e-4"),
+    ("sac", "HopperBulletEnv-v0"): dict(learning_rate="lin_7.3e-4"),
+    ("sac", "Walker2DBulletEnv-v0"): dict(learning_rate="lin_7.3e-4"),
+    ("ppo", "AntBulletEnv-v0"): dict(policy_kwargs="dict(log_std_init=-1, ortho_init=False, activation_fn=nn.ReLU, "
+                                                   "net_arch=dict(pi=[256, 256], vf=[256, 256]) )"),
+    ("ppo", "HopperBulletEnv-v0"): dict(clip_range="lin_0.4"),
+    ("ppo", "Walker2DBulletEnv-v0"): dict(clip_range="lin_0.4"),
+}
 
-    tqc = load_preset("tqc", "HopperBulletEnv-v0")
-    assert tqc["tqc"]["top_quantiles_to_drop_per_net"] == 5 and tqc["tqc"]["train_freq"] == 64
-    assert load_preset("sac", "AntBulletEnv-v0")["sac"]["gradient_steps"] == 8
-    assert load_preset("td3", "Walker2DBulletEnv-v0")["td3"]["hidden"] == [400, 300]
-    ppo = load_preset("ppo", "HalfCheetahBulletEnv-v0")
-    assert ppo["env"]["num_envs"] == 16 and ppo["steps"] == 2_000_000
-    assert ppo["ppo"]["normalize_obs"] and ppo["ppo"]["normalize_reward"]  # rl-zoo's normalize: true
-    for algo in ("tqc", "sac", "td3", "ppo"):
-        assert all(load_preset(algo, env_id)["steps"] >= 1_000_000 for env_id in LOCOMOTION), algo
+
+@needs_pybullet
+@pytest.mark.parametrize("algo", sorted(BULLET_ZOO))
+def test_the_presets_are_rl_zoos_entries_value_for_value(algo, tmp_path):
+    """Each locomotion preset is the config `--config` makes of rl-zoo 2.9.2's entry for the env:
+    every option equal, gSDE, schedules and initialisation included."""
+    import dataclasses
+
+    import yaml
+
+    from corral.train.setup import build_config
+
+    path = tmp_path / f"{algo}.yml"
+    path.write_text(yaml.safe_dump({env: {**BULLET_ZOO[algo], **BULLET_DIFFS.get((algo, env), {})}
+                                    for env in LOCOMOTION}))
+    for env_id in sorted(LOCOMOTION):
+        preset = dataclasses.asdict(build_config(algo, env_id))
+        zoo = dataclasses.asdict(build_config(algo, env_id, config_file=str(path), use_preset=False))
+        assert preset == zoo, (env_id, {k: (preset[k], zoo[k]) for k in preset if preset[k] != zoo[k]})
 
 
 @needs_pybullet
