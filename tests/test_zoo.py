@@ -479,3 +479,34 @@ def test_a_lin_x_learning_rate_on_a_replay_algorithm_is_its_linear_lr_schedule()
     for algo in ("sac", "td3", "tqc", "qrdqn"):
         t = Z.translate(algo, data, "Pendulum-v1", is_atari=False)
         assert not t.refused and (f"{algo}.lr", 7.3e-4) in t.pairs and (f"{algo}.lr_schedule", "linear") in t.pairs
+
+
+# rl-zoo 2.9.2's BipedalWalkerHardcore-v3 entries (tqc.yml, sac.yml, td3.yml, ppo.yml)
+HARDCORE = {
+    "tqc": dict(n_timesteps=2e6, policy="MlpPolicy", learning_rate="lin_7.3e-4", buffer_size=1000000, batch_size=256,
+                ent_coef="auto", gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1, learning_starts=10000,
+                policy_kwargs="dict(net_arch=[400, 300])"),
+    "sac": dict(n_timesteps=1e7, policy="MlpPolicy", learning_rate="lin_7.3e-4", buffer_size=1000000, batch_size=256,
+                ent_coef=0.005, gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1, learning_starts=10000,
+                policy_kwargs="dict(net_arch=[400, 300])"),
+    "td3": dict(n_timesteps=1e7, policy="MlpPolicy", gamma=0.99, buffer_size=1000000, learning_starts=10000,
+                noise_type="normal", noise_std=0.1, batch_size=256, train_freq=1, learning_rate="lin_7e-4",
+                policy_kwargs="dict(net_arch=[400, 300])"),
+    "ppo": dict(normalize=True, n_envs=16, n_timesteps=1e8, policy="MlpPolicy", n_steps=2048, batch_size=64,
+                gae_lambda=0.95, gamma=0.99, n_epochs=10, ent_coef=0.001, learning_rate="lin_2.5e-4",
+                clip_range="lin_0.2"),
+}
+
+
+@pytest.mark.parametrize("algo", sorted(HARDCORE))
+def test_the_hardcore_presets_are_rl_zoos_entries_value_for_value(algo, tmp_path):
+    """`corral train ALGO BipedalWalkerHardcore-v3` runs what `--config` makes of rl-zoo's entry:
+    every option equal (schedules, fixed entropy coefficient, normalization, budget)."""
+    import dataclasses
+
+    env_id = "BipedalWalkerHardcore-v3"
+    path = tmp_path / f"{algo}.yml"
+    path.write_text(yaml.safe_dump({env_id: HARDCORE[algo]}))
+    preset = dataclasses.asdict(build_config(algo, env_id))
+    zoo = dataclasses.asdict(build_config(algo, env_id, config_file=str(path), use_preset=False))
+    assert preset == zoo, {k: (preset[k], zoo[k]) for k in preset if preset[k] != zoo[k]}
