@@ -280,17 +280,23 @@ def _cmd_plot(args) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    runs = {}
     for rd in args.run_dirs:
         path = Path(rd) / "metrics.jsonl"
         if not path.is_file():
             raise UserError(f"{rd!r} has no metrics.jsonl; give run directories made by `corral train`")
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        for ax, key in zip(axes, ("episode_return", "eval_return")):
+        runs[Path(rd).name] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # runs with at most their final evaluation: one panel, the evaluation a marker on the curve's
+    curves = any(sum("eval_return" in r for r in rows) > 1 for rows in runs.values())
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(11, 4) if curves else (6.5, 4), squeeze=False)
+    for name, rows in runs.items():
+        for ax, key in zip((axes[0][0], axes[0][-1]), ("episode_return", "eval_return")):
             pts = [(r["step"], r[key]) for r in rows if key in r]
             if pts:
-                ax.plot(*zip(*pts), label=Path(rd).name, marker="o" if key == "eval_return" else None)
-    for ax, title in zip(axes, ("training return", "evaluation return")):
+                ax.plot(*zip(*pts), label=name if curves or key == "episode_return" else f"{name}: held-out evaluation",
+                        marker="o" if key == "eval_return" else None, linestyle="-" if curves or key != "eval_return"
+                        else "none")
+    for ax, title in zip(axes[0], ("training return", "evaluation return") if curves else ("return",)):
         ax.set_title(title)
         ax.set_xlabel("env steps")
         ax.grid(alpha=0.3)

@@ -46,6 +46,15 @@ def test_eval_resume_plot_and_list_on_a_run(tmp_path, capsys):
     assert any("eval_return" in r for r in rows) and any("pg_loss" in r for r in rows)
     rc, out, _ = run(capsys, "plot", rd, "--out", str(tmp_path / "c.png"))
     assert rc == 0 and (tmp_path / "c.png").stat().st_size > 1000
+    # a run with only its final evaluation: one panel, the evaluation a marker beside the curve
+    one = tmp_path / "one"
+    one.mkdir()
+    first = next(i for i, r in enumerate(rows) if "eval_return" in r)
+    (one / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:first + 1]))
+    assert run(capsys, "plot", str(one), "--out", str(tmp_path / "one.png"))[0] == 0
+    from matplotlib.image import imread
+
+    assert imread(tmp_path / "c.png").shape[1] > 1.5 * imread(tmp_path / "one.png").shape[1]
     rc, out, _ = run(capsys, "list")
     assert rc == 0 and "ppo" in out and "CartPole-v1" in out
     rc, out, _ = run(capsys, "list", "--options", "ppo")
