@@ -222,9 +222,12 @@ def test_durations_read_as_seconds(text, seconds):
     assert parse_duration(text) == seconds
 
 
-def test_a_bad_duration_is_refused_naming_it():
+def test_a_bad_duration_is_refused_naming_it(tmp_path):
     r = bench("classic", "--stop-after", "soon")
     assert r.returncode == 2 and "'soon' is not a duration" in r.stderr
+    r = bench("classic", "--stop-after", "90m", "--ray", "auto", "--out", tmp_path / "out")
+    assert r.returncode == 2 and "--stop-after stops local runs" in r.stderr
+    assert not (tmp_path / "out").exists()  # refused before a run directory is made
 
 
 def test_rerunning_a_finished_suite_runs_nothing(uninterrupted):

@@ -105,10 +105,10 @@ def bench(args) -> int:
     from corral.bench import execute
 
     out = Path(args.out or Path("bench") / suite.name)
+    if args.ray and args.stop_after is not None:
+        raise UserError("--stop-after stops local runs: leave out --ray, or --stop-after")
     execute.prepare(suite, out, runs)
     live = not args.no_live and not args.json
-    if args.ray and args.stop_after is not None:
-        raise UserError("--stop-after stops local runs; on a Ray cluster stop the driver (Ctrl-C) instead")
     if args.ray:
         outcome = execute.run_ray(suite, out, runs, address=args.ray, retries=args.retries,
                                   allow_code_change=args.allow_code_change, live=live)
