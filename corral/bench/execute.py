@@ -189,7 +189,7 @@ def run_local(suite: Suite, out: Path, runs: list[Run], *, jobs: int, memory: in
                 r = queue.pop(0)
                 running[r.name] = (r, _start_runner(run_dir(out, r), suite.threads, allow_code_change))
                 used += need
-            if stopping or outcome.signum is not None:  # a run started as the signal came
+            if stopping:  # a run started as the signal came
                 for _, proc in running.values():
                     if proc.pid not in told:
                         told.add(proc.pid)

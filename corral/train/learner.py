@@ -314,6 +314,7 @@ class Learner:
             if self.run_dir is not None:
                 self.save(self.run_dir / "checkpoints" / "latest.pt")
             self.paused = self._finished = True
+            self._pause_requested = False
         return stats
 
     def pause(self) -> None:
