@@ -53,6 +53,9 @@ def add_parsers(sub, bench_fn, report_fn) -> None:
     b.add_argument("--only", action="append", metavar="TEXT", help="only the cells whose algo/env contains TEXT "
                                                                     "(repeatable)")
     b.add_argument("--steps-scale", type=float, default=1.0, help="scale every budget (a smoke run: 0.01)")
+    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="given",
+                   help="a config key for every run, over the suite's (repeatable; e.g. matmul=bfloat16); part of "
+                        "each run's spec, so a rerun must give the same keys, and the report names them")
     b.add_argument("--no-live", action="store_true", help="one line per state change instead of the live table")
     b.add_argument("--json", action="store_true", help="print a JSON summary (or the dry run's rows) last")
     b.set_defaults(fn=bench_fn)
@@ -75,11 +78,34 @@ def add_parsers(sub, bench_fn, report_fn) -> None:
 
 
 def _runs(args, suite):
+    from corral.config import parse_set
+
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    runs = suite.runs(seeds=seeds, steps_scale=args.steps_scale, only=args.only)
+    given = dict(parse_set(getattr(args, "given", [])))
+    runs = suite.runs(seeds=seeds, steps_scale=args.steps_scale, only=args.only, given=given)
     if not runs:
         raise UserError("no run matches --only / --seeds")
+    if given:
+        _check_given(runs)
     return runs
+
+
+def _check_given(runs) -> None:
+    """Build each cell's config with the ``--set`` keys before anything starts: a key or value
+    that no run can take is refused here, naming it, rather than failing every run."""
+    from corral.train.setup import build_config
+
+    seen = set()
+    for run in runs:
+        if run.cell in seen:
+            continue
+        seen.add(run.cell)
+        try:
+            build_config(run.algo, run.env, steps=run.steps, seed=run.seed, overrides=dict(run.sets),
+                         zoo=bool(run.zoo), lenient=run.zoo == "lenient")
+        except UserError as e:
+            keys = " ".join(f"--set {k}={v}" for k, v in run.given)
+            raise UserError(f"{run.cell} with {keys}: {e}") from None
 
 
 def bench(args) -> int:

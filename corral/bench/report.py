@@ -30,7 +30,7 @@ from corral.errors import UserError
 
 EVAL_COLUMNS = ["suite", "env", "algo", "seed", "step", "wall_s", "cpu_s", "return", "return_std", "episodes"]
 RUN_COLUMNS = ["suite", "env", "algo", "seed", "budget", "status", "env_steps", "final_return", "cpu_s", "wall_s",
-               "code", "code_changed"]
+               "code", "code_changed", "given"]
 
 
 @dataclass
@@ -109,8 +109,14 @@ def collect(path: Path) -> Results:
                      "cpu_s": result["cpu_s"] if result else last.get("cpu_s"),
                      "wall_s": result["train_seconds"] if result else last.get("wall_s"),
                      "code": (result or bench).get("code", {}).get("id"),
-                     "code_changed": bool(bench.get("code_changes"))})
+                     "code_changed": bool(bench.get("code_changes")), "given": given_text(spec.get("given"))})
     return Results(suite, text, meta, _in_order(suite, runs), _in_order(suite, evals))
+
+
+def given_text(given: dict | None) -> str | None:
+    """A run's ``corral bench --set`` keys as command-line text (None without any)."""
+    return " ".join(f"--set {k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(given.items())) \
+        if given else None
 
 
 def _in_order(suite: Suite, rows: list[dict]) -> list[dict]:
@@ -198,6 +204,20 @@ def cell_rows(res: Results, reps: int = 2000) -> list[dict]:
     return out
 
 
+def _given_line(runs: list[dict], same: bool) -> str:
+    """Which runs had which ``corral bench --set`` keys."""
+    if same:
+        return (f"- **Keys given with `corral bench --set`** (every run, over the suite's): `{runs[0]['given']}` "
+                "(in the command above).")
+    groups: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        groups[r.get("given") or "none"][f"{r['algo']}/{r['env']}"].append(r["seed"])
+    parts = [f"`{g}`: " + "; ".join(f"{cell} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+                                    for cell, seeds in cells.items()) for g, cells in groups.items()]
+    return ("- **Keys given with `corral bench --set`** (over the suite's; the command above with each group's "
+            "keys reruns it): " + " / ".join(parts) + ".")
+
+
 def markdown(res: Results, reps: int = 2000, figures: dict | None = None, heading: str = "##") -> str:
     """The suite's section: protocol, machine, the command, the cell table, aggregates."""
     s = res.suite
@@ -209,8 +229,10 @@ def markdown(res: Results, reps: int = 2000, figures: dict | None = None, headin
     lines = [f"{heading} {s.name}", ""]
     if s.description:
         lines += [s.description, ""]
+    given = sorted({r.get("given") or "" for r in res.runs})
     lines += [
-        f"- **Reproduce**: `corral bench {res.meta.get('suite_arg', s.name)} --out bench/{s.name} && "
+        f"- **Reproduce**: `corral bench {res.meta.get('suite_arg', s.name)}"
+        f"{' ' + given[0] if len(given) == 1 and given[0] else ''} --out bench/{s.name} && "
         f"corral report bench/{s.name}` "
         f"({len(s.seeds)} seeds: {', '.join(map(str, s.seeds))}; {done} of {len(res.runs)} runs finished).",
         f"- **Protocol**: each run trains for the cell's budget from the (algo, env) preset"
@@ -227,6 +249,8 @@ def markdown(res: Results, reps: int = 2000, figures: dict | None = None, headin
                      "cell's runs, evaluations included.")
     if codes:
         lines.append(f"- **Code**: corral {', '.join(codes)}.")
+    if any(given):
+        lines.append(_given_line(res.runs, len(given) == 1))
     if s.zoo:
         lenient = [c for c, m in s.zoo.items() if m == "lenient"]
         lines.append(f"- **Hyperparameters**: {', '.join(s.zoo)} run rl-zoo's own entry as `corral train ALGO ENV "

@@ -55,8 +55,9 @@ class Run:
     env: str
     seed: int
     steps: int
-    sets: tuple[tuple[str, Any], ...]  # config keys: the suite's protocol and the cell's overrides
+    sets: tuple[tuple[str, Any], ...]  # config keys: the suite's protocol, the cell's keys and ``given``
     zoo: str | None = None  # "strict" / "lenient": built from rl-zoo's entry (corral train --zoo)
+    given: tuple[tuple[str, Any], ...] = ()  # the keys of ``corral bench --set`` (in ``sets`` too)
 
     @property
     def cell(self) -> str:
@@ -72,6 +73,8 @@ class Run:
                 "set": {k: v for k, v in self.sets}}
         if self.zoo:
             spec["zoo"] = self.zoo
+        if self.given:
+            spec["given"] = {k: v for k, v in self.given}
         return spec
 
 
@@ -104,18 +107,22 @@ class Suite:
             sets["eval.num_envs"] = int(ev["num_envs"])
         return sets
 
-    def runs(self, seeds: list[int] | None = None, steps_scale: float = 1.0, only: list[str] | None = None) -> list[Run]:
+    def runs(self, seeds: list[int] | None = None, steps_scale: float = 1.0, only: list[str] | None = None,
+             given: dict | None = None) -> list[Run]:
         """Every run, seed-major (all cells' first seed before any second seed: a suite cut short
         still has one seed of every cell). ``steps_scale`` shrinks every budget (a smoke run);
-        ``only`` keeps the cells whose ``algo/env`` contains one of the given strings."""
+        ``only`` keeps the cells whose ``algo/env`` contains one of the given strings; ``given``:
+        config keys for every run, over the suite's (``corral bench --set``)."""
         out = []
+        given = dict(given or {})
         for seed in seeds if seeds is not None else self.seeds:
             for algo, env, steps, sets in self.cells:
                 if only and not any(s in f"{algo}/{env}" for s in only):
                     continue
                 n = max(1, int(steps * steps_scale))
-                merged = {**self.protocol_sets(n), **sets}
-                out.append(Run(algo, env, seed, n, tuple(sorted(merged.items())), self.zoo.get(f"{algo}/{env}")))
+                merged = {**self.protocol_sets(n), **sets, **given}
+                out.append(Run(algo, env, seed, n, tuple(sorted(merged.items())), self.zoo.get(f"{algo}/{env}"),
+                               tuple(sorted(given.items()))))
         return out
 
     def normalization(self, env: str) -> tuple[float, float] | None:
