@@ -27,6 +27,7 @@ from corral.algos import ppo as ppo_module
 from corral.algos.distributional import QRDQN, quantile_huber_loss
 from corral.algos.dqn import DQN
 from corral.algos.ppo import PPO, PPOConfig, ppo_loss
+from corral.kernels.compiled import update_compile
 from corral.kernels.greedy import greedy_numpy
 from corral.kernels.mlp import fast_tanh_
 from corral.kernels.quantile import QuantileHuber
@@ -128,6 +129,22 @@ def case_quantile_huber():
             loss = fn(p, target, taus, 1.0)
             (grad,) = torch.autograd.grad((loss * up).sum(), [p])
             out += [loss.detach(), grad]
+    return fast, ref
+
+
+def case_quantile_huber_fused():
+    """``QuantileHuber`` inside a ``compile: true`` update (torch.compile's fused loop) at TQC's
+    preset shape (256 x 50 pooled quantiles against the 46 kept atoms), values and gradients."""
+    g = torch.Generator().manual_seed(1)
+    pred, target = torch.randn(256, 50, generator=g) * 3, torch.randn(256, 46, generator=g) * 3
+    taus, up = ((torch.arange(25) + 0.5) / 25).repeat(2), torch.randn(256, generator=g)
+    fast, ref = [], []
+    for out, fn in ((fast, QuantileHuber.apply), (ref, D.quantile_huber_loss)):
+        p = pred.clone().requires_grad_(True)
+        with update_compile(fn is QuantileHuber.apply):
+            loss = fn(p, target, taus, 1.0)
+        (grad,) = torch.autograd.grad((loss * up).sum(), [p])
+        out += [loss.detach(), grad]
     return fast, ref
 
 
@@ -266,6 +283,7 @@ CASES = {
     "dqn_direct_step": case_dqn_direct_step,
     "qrdqn_direct_step": case_qrdqn_direct_step,
     "quantile_huber": case_quantile_huber,
+    "quantile_huber_fused": case_quantile_huber_fused,
     "categorical_ppo_loss": case_categorical_ppo_loss,
     "greedy_numpy": case_greedy_numpy,
     "epsilon_greedy_numpy": case_epsilon_greedy_numpy,
@@ -332,6 +350,7 @@ EDITS = {
     # QRDQN.phases' loss at half kappa
     "qrdqn_direct_step": lambda mp: mp.setattr(D, "quantile_huber", _scaled_kappa(D.quantile_huber)),
     "quantile_huber": lambda mp: mp.setattr(D, "quantile_huber_loss", _scaled_kappa(D.quantile_huber_loss)),
+    "quantile_huber_fused": lambda mp: mp.setattr(D, "quantile_huber_loss", _scaled_kappa(D.quantile_huber_loss)),
     # ppo_loss's value regression as a Huber loss
     "categorical_ppo_loss": lambda mp: mp.setattr(ppo_module, "F", SimpleNamespace(mse_loss=F.smooth_l1_loss)),
     # Q as the largest quantile instead of their mean (expectation_numpy not edited with it)

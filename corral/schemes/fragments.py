@@ -26,7 +26,7 @@ import time
 import torch
 
 from corral.errors import TrainingError, UserError
-from corral.kernels.precision import update_matmul
+from corral.kernels.compiled import update_mode
 from corral.schemes.collector import (
     FragmentData,
     FragmentMeta,
@@ -312,7 +312,7 @@ class FragmentScheme(ReplayServerParts):
             L.add_steps(n)
             fed += 1
             if algo.ready():
-                with update_matmul(L.cfg.matmul):
+                with update_mode(L.cfg):
                     updates.append(algo.update(min(1.0, L.env_steps / total)))
                 self.version += 1
         if columns:

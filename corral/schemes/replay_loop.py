@@ -4,7 +4,7 @@ loop that trains at the in-process replay ratio while collectors fill the server
 
 from __future__ import annotations
 
-from corral.kernels.precision import update_matmul
+from corral.kernels.compiled import update_mode
 from corral.schemes.collector import merge_deltas
 
 
@@ -140,7 +140,7 @@ class ReplayServerParts:
         from corral.schemes.replay_server import ReplayRestarted
 
         try:
-            with update_matmul(self.learner.cfg.matmul):
+            with update_mode(self.learner.cfg):
                 return algo.update(progress)
         except ReplayRestarted:
             self.replay_lost_updates += 1

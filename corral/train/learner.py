@@ -25,7 +25,8 @@ from corral.algos import get_algo
 from corral.algos.base import Step
 from corral.envs.base import episode_done
 from corral.errors import TrainingError, UserError
-from corral.kernels.precision import check_matmul, update_matmul
+from corral.kernels.compiled import check_compile, update_mode
+from corral.kernels.precision import check_matmul
 from corral.rng import RNGStreams
 from corral.train.checkpoint import save_checkpoint
 from corral.train.hooks import CheckpointHook, EvalHook, MetricsHook, ProgressHook
@@ -99,6 +100,7 @@ class Learner:
             keep_heap()
         self.device = resolve_device(cfg.device)
         check_matmul(cfg.matmul, self.device)
+        check_compile(cfg.compile, self.device)
         self.env_spec = self.env_spec if self.env_spec is not None else cfg.env.id
         self.rng = RNGStreams(cfg.seed, self.device)
         if self.env is None:
@@ -197,7 +199,7 @@ class Learner:
                 if tally is not None:
                     self.add_tallied(tally)
                     self.check_finite()
-                with update_matmul(self.cfg.matmul):
+                with update_mode(self.cfg):
                     stats = algo.update(min(1.0, self.env_steps / total))
                 yield stats
                 obs = self.obs
