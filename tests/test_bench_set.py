@@ -4,17 +4,11 @@ can take them, and named by the report with the command that reruns them."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import yaml
 
 from corral.bench import report
 from corral.bench.suite import parse_suite
-
-ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-c", "import sys; from corral.cli import main; sys.exit(main())"]
+from tests.test_bench import bench
 
 SUITE = {
     "name": "tinyset",
@@ -24,11 +18,6 @@ SUITE = {
     "grid": [{"algos": ["dqn"], "envs": ["CartPole-v1"], "steps": 1200,
               "set": {"tensorboard": False, "dqn.learning_starts": 500, "dqn.lr": 0.002}}],
 }
-
-
-def bench(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, "bench", *map(str, args), "--no-live"], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)
 
 
 def test_given_keys_go_over_the_suites_into_every_run_and_its_spec():
