@@ -24,6 +24,7 @@ def test_given_keys_go_over_the_suites_into_every_run_and_its_spec():
     suite = parse_suite(SUITE)
     plain, = suite.runs()
     given, = suite.runs(given={"dqn.lr": 0.0005, "matmul": "bfloat16"})
+    assert report.given_text({"dqn.hidden": [32, 32], "compile": True}) == "--set compile=true --set dqn.hidden=[32,32]"
     assert dict(plain.sets)["dqn.lr"] == 0.002 and "matmul" not in dict(plain.sets)
     assert dict(given.sets)["dqn.lr"] == 0.0005 and dict(given.sets)["matmul"] == "bfloat16"
     assert dict(given.sets)["dqn.learning_starts"] == 500  # the suite's other keys stay

@@ -115,8 +115,10 @@ def collect(path: Path) -> Results:
 
 def given_text(given: dict | None) -> str | None:
     """A run's ``corral bench --set`` keys as command-line text (None without any)."""
-    return " ".join(f"--set {k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(given.items())) \
-        if given else None
+    if not given:
+        return None
+    return " ".join(f"--set {k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}"
+                    for k, v in sorted(given.items()))
 
 
 def _in_order(suite: Suite, rows: list[dict]) -> list[dict]:
