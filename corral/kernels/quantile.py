@@ -69,7 +69,8 @@ def quantile_huber_fused(pred, target, taus, kappa: float):
     compiled, no pairwise tensor is ever stored (eager, it would be ~9 of them)."""
     col = taus.unsqueeze(-1)
     u = target.unsqueeze(-2) - pred.unsqueeze(-1)  # u_ij = T_j - theta_i
-    wc = torch.where(u < 0, 1.0 - col, col) * u.clamp(-kappa, kappa)
+    c = u.clamp(-kappa, kappa)
+    wc = torch.where(u < 0, 1.0 - col, col) * c
     scale = 1.0 / (u.shape[-1] * kappa)
-    loss = ((u - 0.5 * u.clamp(-kappa, kappa)) * wc).sum((-1, -2)) * scale
+    loss = ((u - 0.5 * c) * wc).sum((-1, -2)) * scale
     return loss, wc.sum(-1) * -scale
