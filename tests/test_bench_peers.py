@@ -137,3 +137,25 @@ def test_malformed_source_and_file(tmp_path):
         load_peers(tmp_path / "bad.yaml")
     with pytest.raises(UserError, match="cannot read"):
         load_peers(tmp_path / "missing.yaml")
+
+
+def test_dopamines_figures_are_the_mean_of_the_per_seed_values_they_quote():
+    """Dopamine publishes per-seed values only; each entry is their mean at 10M frames (2.5M agent
+    steps), the figures issue 34 quotes (Rainbow 15.2 on Pong, IQN 102.7 on Breakout)."""
+    import re
+    import statistics
+
+    table = load_peers()
+    found = table.published("ALE/Pong-v5", sources=["dopamine"])
+    assert {p.algo for p in found} == {"rainbow", "iqn", "qrdqn", "c51", "dqn"}
+    for env in ("ALE/Pong-v5", "ALE/Breakout-v5"):
+        for p in table.published(env, sources=["dopamine"]):
+            seeds = [float(v) for v in re.search(r"per seed (.*)$", p.note).group(1).split(", ")]
+            assert (p.steps, p.seeds, p.kind) == (2_500_000, 5, "train") and len(seeds) == 5
+            assert p.value == pytest.approx(statistics.mean(seeds), abs=0.06)  # the quoted seeds are rounded
+            assert p.std == pytest.approx(statistics.stdev(seeds), abs=0.1)
+    (rainbow,) = table.published("ALE/Pong-v5", "rainbow", 2_500_000)
+    assert rainbow.describe() == "dopamine 15.2 ± 1.668 (5 seeds, 2.5M steps, train)"
+    (iqn,) = table.published("ALE/Breakout-v5", "iqn")
+    assert round(iqn.value, 1) == 102.7
+    assert table.published("ALE/Pong-v5", "rainbow", 2_499_999) == []  # not quoted below its budget

@@ -273,7 +273,9 @@ def markdown(res: Results, reps: int = 2000, figures: dict | None = None, headin
             seeds += f" ({len(c['seeds'])} of {c['planned']})"
         on = "" if s.peer_env(c["env"]) == c["env"] else f" on {s.peer_env(c['env'])}"
         peers = "; ".join(p.describe() + on for p in c["peers"]) or "-"
-        lines.append(f"| {c['env']} | {c['algo']} | {_steps(c['budget'])} | {iqm} | {seeds or '-'} | "
+        fps = s.frames_per_step(c["env"])
+        budget = _steps(c["budget"]) + (f" ({_steps(c['budget'] * fps)} frames)" if fps > 1 else "")
+        lines.append(f"| {c['env']} | {c['algo']} | {budget} | {iqm} | {seeds or '-'} | "
                      f"{c['cpu_h']:.3f} | {peers} |")
     total = sum(c["cpu_h"] for c in rows)
     lines += ["", f"{total:.1f} CPU-hours in all."]
@@ -328,11 +330,13 @@ def _safe(name: str) -> str:
 
 
 def plot_curves(res: Results, env: str, path: Path, reps: int = 500) -> Path:
-    """IQM of the evaluations across seeds with its 95% band, against env steps and CPU-hours."""
+    """IQM of the evaluations across seeds with its 95% band, against env steps (emulator frames on
+    Atari) and CPU-hours."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 4))
     ax_steps, ax_cpu = fig.subplots(1, 2)
+    fps = res.suite.frames_per_step(env)
     for algo in [a for a, e, _, _ in res.suite.cells if e == env]:
         by_step = defaultdict(list)
         for r in res.evals:
@@ -345,13 +349,13 @@ def plot_curves(res: Results, env: str, path: Path, reps: int = 500) -> Path:
                for s in steps]
         mid, lo, hi = (np.array(x) for x in zip(*pts))
         cpu_h = np.array([np.mean([c for _, c in by_step[s]]) / 3600 for s in steps])
-        for ax, x in ((ax_steps, steps), (ax_cpu, cpu_h)):
+        for ax, x in ((ax_steps, [s * fps for s in steps]), (ax_cpu, cpu_h)):
             (line,) = ax.plot(x, mid, label=algo)
             ax.fill_between(x, lo, hi, alpha=0.2, color=line.get_color())
     from matplotlib.ticker import FuncFormatter
 
     ax_steps.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _steps(int(x)) if x > 0 else "0"))
-    ax_steps.set_xlabel("env steps")
+    ax_steps.set_xlabel(f"frames ({fps} per agent step)" if fps > 1 else "env steps")
     ax_cpu.set_xlabel("CPU-hours (mean over seeds)")
     for ax in (ax_steps, ax_cpu):
         ax.set_ylabel("evaluation return (IQM over seeds)")

@@ -22,7 +22,9 @@ A cell's budget is the first of: its ``cells`` entry, its block's ``steps``, its
 the (algo, env) preset's ``steps`` (or, with ``zoo``, the rl-zoo entry's ``n_timesteps``). Every
 run starts from the (algo, env) preset, as ``corral train`` does, or from rl-zoo's entry.
 ``envs.ENV.peer_env`` names the env id whose published figures ``corral report`` shows beside
-the cell, marked with that id (rl-zoo's table is on ``LunarLander-v2``). Nothing here runs anything: :func:`load_suite` reads and checks, ``Suite.runs()``
+the cell, marked with that id (rl-zoo's table is on ``LunarLander-v2``); ``envs.ENV.frames_per_step``
+the emulator frames an agent step takes (default 4 on Atari ids, else 1), which the report
+prints beside budgets and uses as the curves' axis. Nothing here runs anything: :func:`load_suite` reads and checks, ``Suite.runs()``
 lists the runs.
 """
 
@@ -42,7 +44,7 @@ SUITE_KEYS = {"name", "description", "seeds", "eval", "peers", "envs", "grid", "
               "threads", "speeds", "machine"}
 EVAL_KEYS = {"episodes", "points", "every", "deterministic", "num_envs"}
 BLOCK_KEYS = {"algos", "envs", "steps", "set", "zoo"}
-ENV_KEYS = {"steps", "random", "reference", "set", "peer_env"}
+ENV_KEYS = {"steps", "random", "reference", "set", "peer_env", "frames_per_step"}
 ZOO_MODES = {True: "strict", "strict": "strict", "lenient": "lenient"}
 CELL_KEYS = {"steps", "set"}
 
@@ -134,6 +136,15 @@ class Suite:
     def peer_env(self, env: str) -> str:
         """The env id whose published figures stand beside ``env``'s cells."""
         return str(self.envs.get(env, {}).get("peer_env", env))
+
+    def frames_per_step(self, env: str) -> int:
+        """Emulator frames per agent step, for the frame counts a report prints beside steps:
+        ``envs.ENV.frames_per_step``, else 4 on an Atari id (corral's Atari preprocessing and
+        EnvPool's skip 4 frames a step), else 1."""
+        given = self.envs.get(env, {}).get("frames_per_step")
+        if given is not None:
+            return int(given)
+        return 4 if env.startswith("ALE/") or "NoFrameskip" in env else 1
 
 
 def builtin_suites() -> dict[str, Path]:
