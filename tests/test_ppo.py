@@ -415,3 +415,36 @@ def test_mappo_refuses_init_torch_by_name():
     cfg = build_config("mappo", "mpe:simple_spread_v3", steps=256, overrides={"mappo.init": "torch", "eval.episodes": 0})
     with pytest.raises(UserError, match=r"mappo.init=torch: multi-agent actors are initialized orthogonally"):
         Learner(cfg, None, env_spec="mpe:simple_spread_v3", quiet=True)
+
+
+def test_reward_clip_low_caps_scaled_penalties_for_its_share_of_the_run():
+    """``reward_clip_low``: scaled rewards are clipped to [-low, reward_clip] until the first update
+    past ``reward_clip_low_until`` of the run, then to +-reward_clip; the share survives a checkpoint."""
+    from corral.errors import UserError
+
+    obs, act = gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,))
+
+    def make(**over):
+        cfg = PPOConfig(n_steps=8, batch_size=8, normalize_reward=True, reward_clip=10.0, **over)
+        return PPO(cfg, obs, act, 1, torch.device("cpu"), RNGStreams(0))
+
+    a, plain = make(reward_clip_low=1.0, reward_clip_low_until=0.5), make()
+    done = torch.tensor([False])
+    rewards = [1.0, 2.0, -100.0, 50.0, -100.0]
+    early = [a._scale_reward(torch.tensor([r]), done).item() for r in rewards]
+    same = [plain._scale_reward(torch.tensor([r]), done).item() for r in rewards]
+    # the same running statistics: only the lower clip differs
+    assert early == [max(-1.0, v) for v in same]
+    assert min(same) < -1.0 and early[2] == early[4] == -1.0 and early[3] == same[3] > 0
+    a.schedules(0.4)
+    assert a.reward_clip_below() == 1.0  # still inside its share
+    a.schedules(0.5)
+    assert a.reward_clip_below() == 10.0 == plain.reward_clip_below()
+    late = a._scale_reward(torch.tensor([-100.0]), done).item()
+    assert late == plain._scale_reward(torch.tensor([-100.0]), done).item() < -1.0
+    b = make(reward_clip_low=1.0, reward_clip_low_until=0.5)
+    b.load_extra_state(a.extra_state())
+    assert b.reward_clip_below() == 10.0
+    assert "progress" not in plain.extra_state()  # runs without it keep their checkpoint as it was
+    with pytest.raises(UserError, match="normalize_reward"):
+        PPO(PPOConfig(reward_clip_low=1.0), obs, act, 1, torch.device("cpu"), RNGStreams(0))

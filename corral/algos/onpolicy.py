@@ -260,6 +260,11 @@ class OnPolicy(Algorithm):
         (None: raw rewards). A member with ``normalize_reward`` / ``reward_clip`` returns them."""
         return None
 
+    def reward_clip_below(self) -> float | None:
+        """The lower clip of scaled rewards, as a magnitude: ``reward_clip``'s unless a member
+        says otherwise (PPO's ``reward_clip_low``, for a share of the run)."""
+        return self.reward_clip()
+
     def schedules(self, progress: float) -> tuple[dict[str, float], Any]:
         """The learning rate at ``progress`` in [0, 1], set on the optimizer. Returns the metrics
         to log and the loss's scheduled parameter (passed to ``minibatch_loss``; None here)."""
@@ -322,8 +327,7 @@ class OnPolicy(Algorithm):
             self.ret_norm.update(self._disc_return)
         self._disc_return.masked_fill_(done, 0.0)
         std = (self.ret_norm.var + self.ret_norm.eps).sqrt().float()
-        clip = self.reward_clip()
-        return (reward / std).clamp(-clip, clip)
+        return (reward / std).clamp(-self.reward_clip_below(), self.reward_clip())
 
     def ready(self) -> bool:
         return self.storage.full

@@ -51,6 +51,11 @@ class SurrogateConfig(OnPolicyConfig):
     normalize_reward: bool = option(False, "scale rewards by the running std of the discounted return")
     actor: str | None = actor_option()
     reward_clip: float = option(10.0, "clip scaled rewards to +-this (with normalize_reward)", gt=0)
+    reward_clip_low: float | None = option(
+        None, "with normalize_reward: clip scaled rewards below at -this, not -reward_clip, for the first "
+              "reward_clip_low_until of the run (a rare large penalty, a fall, then weighs no more than this while "
+              "the policy learns to move; the env's reward is unchanged)", gt=0)
+    reward_clip_low_until: float = option(1.0, "the share of the run reward_clip_low holds for", ge=0, le=1)
 
 
 @dataclass
@@ -110,6 +115,10 @@ class SurrogateParts(OnPolicy):
             raise UserError(f"{self.name}.actor: a user's actor class is taken where the algorithm builds PPO's "
                             f"actor-critic; {self.name} builds its own: subclass {type(self).__name__} and override "
                             "make_actor instead (docs/custom.md)")
+        if cfg.reward_clip_low is not None and not cfg.normalize_reward:
+            raise UserError(f"{self.name}.reward_clip_low clips scaled rewards: set {self.name}.normalize_reward=true "
+                            "with it, or leave it unset")
+        self._progress = 0.0  # the run's progress at the last update (reward_clip_low's share)
         super().__init__(cfg, obs_space, act_space, num_envs, device, rng, role)
 
     def make_actor(self) -> torch.nn.Module:
@@ -125,8 +134,27 @@ class SurrogateParts(OnPolicy):
     def reward_clip(self) -> float | None:
         return self.cfg.reward_clip if self.cfg.normalize_reward else None
 
+    def reward_clip_below(self) -> float | None:
+        cfg = self.cfg
+        # the run's progress at the last update: the rollouts after the first update past the share
+        # are clipped at -reward_clip
+        if cfg.reward_clip_low is not None and self._progress < cfg.reward_clip_low_until:
+            return cfg.reward_clip_low
+        return self.reward_clip()
+
+    def extra_state(self):
+        state = super().extra_state()
+        if self.cfg.reward_clip_low is not None:
+            state["progress"] = self._progress
+        return state
+
+    def load_extra_state(self, state):
+        super().load_extra_state(state)
+        self._progress = float(state.get("progress", 0.0))
+
     def schedules(self, progress: float):
         """The learning rate and the clip range at ``progress``; the clip range goes to the loss."""
+        self._progress = progress
         metrics, _ = super().schedules(progress)
         clip = scheduled(self.cfg.clip_range, self.cfg.clip_schedule, progress)
         return {**metrics, "clip_range": clip}, clip
