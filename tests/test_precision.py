@@ -124,3 +124,33 @@ def test_a_cnn_encoder_runs_in_bfloat16_inside_the_update_only():
         assert g16.dtype == torch.float32
         assert (g16 - g32).norm() <= 0.15 * g32.norm()  # measured 0.06-0.09: bfloat16 gradients through 4 layers
     assert torch.equal(net(x.float()), out32)  # outside an update: float32, as before
+
+
+def test_pixels_reach_the_first_convolution_with_the_values_they_had_in_one_pass():
+    """``pixels_to_unit``: float32 ``x * (1 / 255)`` outside a bfloat16 update; inside one, the
+    bfloat16 values autocast's cast of those float32 pixels gave, for every uint8 value."""
+    x = torch.arange(256, dtype=torch.uint8).reshape(4, 64)
+    ref = x.float() * (1.0 / 255.0)
+    assert torch.equal(precision.pixels_to_unit(x), ref)
+    with update_matmul("bfloat16"):
+        low = precision.pixels_to_unit(x)
+    assert low.dtype == torch.bfloat16 and torch.equal(low, ref.to(torch.bfloat16))
+    floats = x.float()
+    assert torch.equal(precision.pixels_to_unit(floats), ref) and torch.equal(floats, x.float())  # a fresh tensor
+
+
+def test_the_cnn_in_a_bfloat16_update_computes_what_autocast_on_float32_pixels_did():
+    from corral.nets import NatureCNN
+
+    torch.manual_seed(0)
+    net = NatureCNN((4, 84, 84))
+    x = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)
+    params = list(net.parameters())
+    with update_matmul("bfloat16"):
+        out = net(x)
+    grads = torch.autograd.grad(out.square().sum(), params)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the encoder's forward before pixels_to_unit
+        ref = net.fc(net.conv(x.float() * (1.0 / 255.0))).float()
+    ref_grads = torch.autograd.grad(ref.square().sum(), params)
+    assert torch.equal(out, ref)
+    assert all(torch.equal(g, r) for g, r in zip(grads, ref_grads))

@@ -53,6 +53,15 @@ def autocast_low(device_type: str):
     return torch.autocast(device_type, dtype=_low)
 
 
+def pixels_to_unit(x: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels scaled to [0, 1] in one pass (a fresh tensor), in the dtype a convolutional
+    encoder's first layer multiplies in: bfloat16 inside a bfloat16 update (the values autocast's
+    cast of the float32 pixels would give: an integer up to 255 is exact in bfloat16 and the
+    product rounds once, so the float32 intermediate and its cast are skipped), float32 otherwise
+    (``x.float() * (1 / 255)``'s values)."""
+    return x.to(_low or torch.float32, copy=True).mul_(1.0 / 255.0)
+
+
 def low_dtype(weight: torch.Tensor) -> torch.dtype | None:
     """The dtype ``weight``'s layer multiplies in now (``[out, in]`` or ``[n, out, in]``):
     bfloat16 inside a bfloat16 update for a wide layer, else None (its own float32)."""

@@ -18,7 +18,7 @@ from corral.kernels.mlp import (  # noqa: F401
     mlp_forward,
     plain_activations,
 )
-from corral.kernels.precision import autocast_low, baddbmm, linear
+from corral.kernels.precision import autocast_low, baddbmm, linear, pixels_to_unit
 from corral.nets.heads import CategoricalHead, DiagGaussianHead, MultiCategoricalHead  # noqa: F401
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
@@ -177,7 +177,7 @@ class NatureCNN(nn.Module):
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
         with autocast_low(x.device.type):
-            h = self.fc(self.conv(x.float() * (1.0 / 255.0)))
+            h = self.fc(self.conv(pixels_to_unit(x)))
         return h.float()  # bfloat16 features of a bfloat16 update back to float32 (a no-op otherwise)
 
 
