@@ -448,3 +448,24 @@ def test_reward_clip_low_caps_scaled_penalties_for_its_share_of_the_run():
     assert "progress" not in plain.extra_state()  # runs without it keep their checkpoint as it was
     with pytest.raises(UserError, match="normalize_reward"):
         PPO(PPOConfig(reward_clip_low=1.0), obs, act, 1, torch.device("cpu"), RNGStreams(0))
+
+
+def test_schedule_steps_anneals_over_its_own_horizon_not_the_runs():
+    """``schedule_steps``: a run of 1,000 steps with a 4,000-step schedule ends a quarter of the way
+    down its linear lr and clip schedules; without it, the schedules reach 0 at the run's end."""
+    obs, act = gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,))
+
+    def at_end(**over):
+        cfg = PPOConfig(n_steps=8, batch_size=8, lr=1e-3, lr_schedule="linear", clip_range=0.2,
+                        clip_schedule="linear", **over)
+        a = PPO(cfg, obs, act, 1, torch.device("cpu"), RNGStreams(0))
+        a.total_steps = 1000
+        return [a.schedules(p)[0] for p in (0.0, 0.5, 1.0)]
+
+    long = at_end(schedule_steps=4000)
+    assert [m["lr"] for m in long] == pytest.approx([1e-3, 1e-3 * (1 - 0.125), 1e-3 * 0.75])
+    assert [m["clip_range"] for m in long] == pytest.approx([0.2, 0.2 * (1 - 0.125), 0.2 * 0.75])
+    plain = at_end()
+    assert [m["lr"] for m in plain] == pytest.approx([1e-3, 5e-4, 0.0])
+    short = at_end(schedule_steps=500)  # a schedule shorter than the run stays at its end
+    assert [m["lr"] for m in short] == pytest.approx([1e-3, 0.0, 0.0])

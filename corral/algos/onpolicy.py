@@ -84,6 +84,10 @@ class OnPolicyConfig:
     n_steps: int = option(128, "env steps per env per rollout", ge=1)
     lr: float = option(3e-4, "Adam learning rate", gt=0)
     lr_schedule: Schedule = option("constant", "constant, or linear (anneal to 0 over the run)")
+    schedule_steps: int | None = option(
+        None, "env steps a linear schedule (lr_schedule, PPO's clip_schedule) anneals over (None: the run's "
+              "steps); a run shorter than it stops partway down its schedule, as a curve read early in a longer "
+              "run does (CleanRL's Atari runs anneal over 10M steps)", ge=1)
     gamma: float = option(0.99, "discount factor", ge=0, le=1)
     normalize_advantage: bool = option(True, "normalize advantages per minibatch")
     hidden: tuple[int, ...] = option((64, 64), "hidden layer sizes of the policy and value MLPs", ge=1)
@@ -265,10 +269,16 @@ class OnPolicy(Algorithm):
         says otherwise (PPO's ``reward_clip_low``, for a share of the run)."""
         return self.reward_clip()
 
+    def schedule_progress(self, progress: float) -> float:
+        """Where a linear schedule stands at the run's ``progress``: ``progress`` itself, or the
+        share of ``schedule_steps`` the run's steps so far make (at most 1)."""
+        steps = self.cfg.schedule_steps
+        return progress if steps is None else min(1.0, progress * self.total_steps / steps)
+
     def schedules(self, progress: float) -> tuple[dict[str, float], Any]:
         """The learning rate at ``progress`` in [0, 1], set on the optimizer. Returns the metrics
         to log and the loss's scheduled parameter (passed to ``minibatch_loss``; None here)."""
-        lr = scheduled(self.cfg.lr, self.cfg.lr_schedule, progress)
+        lr = scheduled(self.cfg.lr, self.cfg.lr_schedule, self.schedule_progress(progress))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return {"lr": lr}, None

@@ -156,7 +156,7 @@ class SurrogateParts(OnPolicy):
         """The learning rate and the clip range at ``progress``; the clip range goes to the loss."""
         self._progress = progress
         metrics, _ = super().schedules(progress)
-        clip = scheduled(self.cfg.clip_range, self.cfg.clip_schedule, progress)
+        clip = scheduled(self.cfg.clip_range, self.cfg.clip_schedule, self.schedule_progress(progress))
         return {**metrics, "clip_range": clip}, clip
 
     def stop_early(self, stats: torch.Tensor) -> bool:
