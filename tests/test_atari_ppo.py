@@ -43,6 +43,7 @@ def test_every_ale_game_gets_cleanrls_ppo_settings(game):
     p = cfg.algo_cfg
     assert (cfg.env.num_envs, p.n_steps, p.n_epochs, cfg.env.num_envs * p.n_steps // p.batch_size) == (8, 128, 4, 4)
     assert (p.lr, p.lr_schedule, p.adam_eps) == (2.5e-4, "linear", 1e-5)
+    assert (p.schedule_steps, p.init) == (10_000_000, "orthogonal")  # CleanRL's anneal horizon and layer_init
     assert (p.clip_range, p.clip_schedule, p.clip_range_vf) == (0.1, "constant", 0.1)
     assert (p.ent_coef, p.gamma, p.gae_lambda, p.max_grad_norm, p.normalize_advantage) == (0.01, 0.99, 0.95, 0.5, True)
     # CleanRL's 0.5 * vf_coef 0.5 on the squared error is corral's vf_coef 0.25 on it
@@ -65,6 +66,14 @@ def test_the_shared_nature_cnn_feeds_linear_policy_and_value_heads():
     actor = algo.actor
     assert actor.cnn is not None and actor.cnn.out_dim == 512
     assert [tuple(w.shape) for w in actor.body.weights] == [(2, 6, 512)]  # one layer: policy logits, value
+    # CleanRL's layer_init (SB3's ortho_init): every encoder layer orthogonal with gain sqrt 2, zero biases
+    for layer in (*actor.cnn.conv, *actor.cnn.fc):
+        if isinstance(layer, (torch.nn.Conv2d, torch.nn.Linear)):
+            w = layer.weight.detach().flatten(1)
+            rows, cols = w.shape
+            gram = w @ w.T if rows <= cols else w.T @ w
+            torch.testing.assert_close(gram, 2.0 * torch.eye(min(rows, cols)), atol=1e-4, rtol=0)
+            assert not layer.bias.any()
 
 
 @atari

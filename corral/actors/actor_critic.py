@@ -160,6 +160,11 @@ class ActorCritic(nn.Module):
         self.extractor = extractor
         if extractor is not None:
             in_dim = int(extractor.out_dim)
+        if init == "orthogonal":
+            # SB3's ortho_init and CleanRL's layer_init: the image encoders' layers orthogonal with
+            # gain sqrt(2), biases zero, as the body's hidden layers (vector observations have none)
+            for cnn in (m for m in self.modules() if isinstance(m, NatureCNN)):
+                cnn.orthogonal_(math.sqrt(2))
         self.body = self.make_body(in_dim, tuple(hidden), activation, pi_out)
 
     def make_body(self, in_dim: int, hidden: tuple[int, ...], activation: str, pi_out: int) -> nn.Module:

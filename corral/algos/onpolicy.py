@@ -94,8 +94,8 @@ class OnPolicyConfig:
     activation: Activation = option("tanh", "hidden activation: tanh, relu, elu, silu")
     log_std_init: float = option(0.0, "initial log std of the Gaussian policy (Box actions)")
     init: Literal["orthogonal", "torch"] = option(
-        "orthogonal", "the policy and value MLPs' initialisation: orthogonal (SB3's default) or torch (PyTorch's "
-                      "nn.Linear default, SB3's ortho_init=False)")
+        "orthogonal", "the policy and value MLPs' and the Nature CNN's initialisation: orthogonal (SB3's default; "
+                      "gain sqrt 2 in the CNN) or torch (PyTorch's default, SB3's ortho_init=False)")
     normalize_obs: bool = option(False, "running observation normalization (saved with the actor)")
     features: str | None = features_option()
     storage: str | None = storage_option()

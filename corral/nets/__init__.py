@@ -173,6 +173,15 @@ class NatureCNN(nn.Module):
         self.fc = nn.Sequential(nn.Linear(n, features), nn.ReLU())
         self.out_dim = features
 
+    def orthogonal_(self, gain: float = math.sqrt(2)) -> NatureCNN:
+        """Every convolution and the linear layer orthogonal with ``gain``, biases zero: SB3's
+        ``ortho_init`` of a features extractor and CleanRL's ``layer_init`` (PyTorch's default
+        initialisation otherwise)."""
+        for layer in (*self.conv, *self.fc):
+            if isinstance(layer, (nn.Conv2d, nn.Linear)):
+                layer_init(layer, gain)
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
