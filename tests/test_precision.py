@@ -25,7 +25,22 @@ PATHS = {
     "parallel plain (silu)": (lambda: ParallelMLP(2, 5, (128, 128), "silu", out_dim=1), lambda n, x: n(x)),
     "parallel members": (lambda: ParallelMLP(3, 5, (128, 128), "tanh", out_dim=1),
                          lambda n, x: n(x, torch.tensor([0, 2]))),
+    # CrossQ's batch-renormed critics (training mode: the batch's statistics) and DroQ's
+    "renorm critics": (lambda: _renorm_critics(), lambda n, x: n(x[:, :3], x[:, 3:], train=True)),
+    "dropout critics": (lambda: _dropout_critics(), lambda n, x: n(x[:, :3], x[:, 3:])),
 }
+
+
+def _renorm_critics():
+    from corral.actors.normed import RenormCritics
+
+    return RenormCritics(3, 2, n=2, hidden=(128, 128), activation="tanh")
+
+
+def _dropout_critics():
+    from corral.actors.normed import DropoutCritics
+
+    return DropoutCritics(3, 2, n=2, hidden=(128, 128), activation="tanh")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -39,9 +54,11 @@ def test_bfloat16_update_is_near_float32_and_not_equal(path):
         out16, grads16 = _grads(net, x, fn)
     assert not torch.equal(out32, out16)  # the wide layer did multiply in bfloat16
     assert (out16 - out32).norm() <= 1e-2 * out32.norm()
+    # batch renorm divides by the batch's std, which carries the bfloat16 rounding into every row
+    tol = 3e-2 if path == "renorm critics" else 1e-2
     for g32, g16 in zip(grads32, grads16):  # smooth activations: a relu near 0 may flip, and its unit with it
         assert g16.dtype == torch.float32
-        assert (g16 - g32).norm() <= 1e-2 * g32.norm() + 1e-6
+        assert (g16 - g32).norm() <= tol * g32.norm() + 1e-6
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from corral.actors.offpolicy import ActionBox, ObsEncoder, SquashedGaussianActor
+from corral.kernels import precision
 from corral.nets import ACTIVATION_FNS
 
 
@@ -107,7 +108,8 @@ class RenormMLP(nn.Module):
         last = len(self.norms) - 1
         for i, (norm, w, b) in enumerate(zip(self.norms, self.weights, self.biases)):
             x = norm(x, train)
-            x = torch.baddbmm(b, x, w.mT) if self.members is not None else F.linear(x, w, b)
+            # the update's precision for wide layers (corral.kernels.precision; float32: these calls as they read)
+            x = precision.baddbmm(b, x, w.mT) if self.members is not None else precision.linear(x, w, b)
             if i < last:
                 x = self.act(x)
         return x
@@ -183,7 +185,7 @@ class DropoutCritics(nn.Module):
         x = torch.cat([x, action], dim=-1)
         x = x.unsqueeze(0).expand(self.n, *x.shape)
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(b, x, w.mT)
+            x = precision.baddbmm(b, x, w.mT)  # the update's precision for wide layers
             if i == len(self.hidden):
                 break
             if masks is not None:
